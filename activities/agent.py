@@ -1,0 +1,82 @@
+"""The node agent, seen from the worker: validation of a repaired node, and GPU reset.
+
+`FLEETMEDIC_AGENT_URL` is a template (`http://{node}:9400`). Without it, or when the agent does
+not answer, validation reports `available: false` and the runbook records it skipped; a reset
+then falls back to the policy's choice (reboot or replace).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from temporalio import activity
+
+from activities.errors import fail, from_http_status
+from fleetmedic.errors import ErrorKind
+from fleetmedic.models import ActionResult, GpuResetRequest, Validate, Validation, ValidationCheck
+
+
+class AgentActivities:
+    def __init__(self, url_template: str | None, token: str | None, timeout_s: float = 10.0, *,
+                 force_dry_run: bool = False) -> None:
+        self.template = url_template
+        self.token = token
+        self.timeout = timeout_s
+        self.force_dry_run = force_dry_run
+
+    def _url(self, node: str) -> str | None:
+        return self.template.format(node=node).rstrip("/") if self.template else None
+
+    @activity.defn(name="agent.validate")
+    def validate(self, request: Validate) -> Validation:
+        url = self._url(request.node)
+        if url is None:
+            return Validation(available=False, detail="no node agent configured (FLEETMEDIC_AGENT_URL)")
+        params: dict[str, str] = {"since": request.since.isoformat()}
+        if request.expected_gpus is not None:
+            params["expected_gpus"] = str(request.expected_gpus)
+        try:
+            response = httpx.get(f"{url}/v1/validate", params=params, timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            return Validation(available=False, detail=f"node agent unreachable: {exc}")
+        if response.status_code >= 400:
+            raise from_http_status(response.status_code, f"agent validate: {response.text[:200]}")
+        data = response.json()
+        checks = [ValidationCheck(name=c["name"], passed=bool(c["passed"]), value=str(c.get("value", "")))
+                  for c in data.get("checks", [])]
+        return Validation(available=True, passed=bool(data.get("passed")), checks=checks)
+
+    @activity.defn(name="agent.available")
+    def available(self, node: str) -> bool:
+        url = self._url(node)
+        if url is None:
+            return False
+        try:
+            return httpx.get(f"{url}/healthz", timeout=self.timeout).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    @activity.defn(name="agent.reset_gpu")
+    def reset_gpu(self, request: GpuResetRequest) -> ActionResult:
+        url = self._url(request.node)
+        target = f"GPU {request.gpu} on {request.node}"
+        if url is None:
+            raise fail(ErrorKind.INVALID, "no node agent configured")
+        if request.dry_run or self.force_dry_run:
+            return ActionResult(system="agent", action="reset", target=target, changed=False, dry_run=True)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        try:
+            response = httpx.post(f"{url}/v1/gpus/{request.gpu}/reset", headers=headers, timeout=120)
+        except httpx.TimeoutException as exc:
+            raise fail(ErrorKind.TIMEOUT, f"GPU reset timed out: {exc}") from None
+        except httpx.HTTPError as exc:
+            raise fail(ErrorKind.UNAVAILABLE, f"node agent unreachable: {exc}") from None
+        if response.status_code >= 400:
+            raise from_http_status(response.status_code, f"GPU reset refused: {response.text[:200]}")
+        return ActionResult(system="agent", action="reset", target=target, changed=True,
+                            detail=str(response.json().get("detail", "")))
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [self.validate, self.available, self.reset_gpu]

@@ -1,0 +1,33 @@
+"""The policy snapshot a run works with: read once at its start and kept in its history."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from temporalio import activity
+
+from fleetmedic.models import RunContext
+from fleetmedic.policy import Policy
+
+
+class ConfigActivities:
+    def __init__(self, policy: Policy, context: RunContext, *, force_dry_run: bool = False) -> None:
+        self.policy = policy
+        self.context = context
+        self.force_dry_run = force_dry_run
+
+    @activity.defn(name="config.context")
+    def get_context(self) -> RunContext:
+        return self.context
+
+    @activity.defn(name="config.policy")
+    def get_policy(self) -> Policy:
+        if self.force_dry_run:
+            # FLEETMEDIC_DRY_RUN on the worker: every runbook it runs is in shadow mode.
+            return self.policy.model_copy(update={"shadow": self.policy.shadow.model_copy(
+                update={"all_runbooks": True})})
+        return self.policy
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [self.get_policy, self.get_context]

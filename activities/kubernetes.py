@@ -1,0 +1,435 @@
+"""Kubernetes: nodes, pods, evictions, taints, Events and the custom resources runbooks touch.
+
+Blocking calls through the official `kubernetes` client, so these activities are plain
+functions run on the worker's thread pool. Every call carries `_request_timeout`; every write
+is idempotent (it reads first and does nothing when the node is already as asked) and guarded
+by the object's resourceVersion, so a concurrent writer costs us a retry, never its change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+from temporalio import activity
+
+from activities.errors import fail, from_http_status
+from fleetmedic.errors import ErrorKind
+from fleetmedic.models import (
+    ActionResult,
+    EventRequest,
+    EvictionReport,
+    EvictRequest,
+    NodeInfo,
+    NodeTarget,
+    OptOut,
+    PodInfo,
+    PodProblem,
+    Taint,
+    TaintRequest,
+)
+from fleetmedic.policy import Policy
+from fleetmedic.selectors import label_selector_matches
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MERGE_PATCH = "application/merge-patch+json"
+# Annotation set when FleetMedic found the node already cordoned by someone else: on return
+# to service we take our annotations off and leave their cordon in place.
+PRE_CORDONED = "fleetmedic.io/was-cordoned"
+CONFLICT_RETRIES = 5
+
+
+def load_api_client(kubeconfig: str | None) -> ApiClient:
+    """In-cluster config when running in a pod, else KUBECONFIG / ~/.kube/config."""
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)
+    try:
+        config.load_incluster_config()
+        return ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config()
+
+
+@contextmanager
+def api_errors(what: str) -> Iterator[None]:
+    """Classify client failures: 404/403/422 are final, 409/429/5xx and network errors retry."""
+    try:
+        yield
+    except ApiException as exc:
+        raise from_http_status(int(exc.status or 500), f"{what}: {exc.reason}") from None
+    except urllib3.exceptions.TimeoutError as exc:
+        raise fail(ErrorKind.TIMEOUT, f"{what}: timed out ({exc})") from None
+    except urllib3.exceptions.HTTPError as exc:
+        raise fail(ErrorKind.UNAVAILABLE, f"{what}: API unreachable ({exc})") from None
+
+
+def _ready(node: client.V1Node) -> tuple[bool, datetime | None]:
+    for condition in (node.status.conditions if node.status else None) or []:
+        if condition.type == "Ready":
+            return condition.status == "True", condition.last_transition_time
+    return False, None
+
+
+def node_info(node: client.V1Node, gpu_resource: str) -> NodeInfo:
+    meta, spec = node.metadata, node.spec
+    allocatable = (node.status.allocatable if node.status else None) or {}
+    ready, since = _ready(node)
+    return NodeInfo(
+        name=meta.name, uid=meta.uid or "", ready=ready, ready_since=since,
+        unschedulable=bool(spec and spec.unschedulable),
+        labels=dict(meta.labels or {}), annotations=dict(meta.annotations or {}),
+        taints=[Taint(key=t.key, value=t.value or "", effect=t.effect) for t in (spec.taints or [])]
+        if spec else [],
+        gpu_allocatable=int(allocatable.get(gpu_resource, "0") or 0),
+        provider_id=(spec.provider_id or "") if spec else "",
+    )
+
+
+def pod_info(pod: client.V1Pod, gpu_resource: str) -> PodInfo:
+    meta = pod.metadata
+    owner = next((o for o in meta.owner_references or [] if o.controller), None)
+    ready = any(c.type == "Ready" and c.status == "True"
+                for c in (pod.status.conditions if pod.status else None) or [])
+    gpus = 0
+    for container in pod.spec.containers if pod.spec else []:
+        limits = (container.resources.limits if container.resources else None) or {}
+        gpus += int(limits.get(gpu_resource, "0") or 0)
+    return PodInfo(
+        namespace=meta.namespace or "", name=meta.name, uid=meta.uid or "",
+        node=(pod.spec.node_name or "") if pod.spec else "", phase=(pod.status.phase or "") if pod.status else "",
+        ready=ready, labels=dict(meta.labels or {}), owner_kind=owner.kind if owner else "",
+        owner_name=owner.name if owner else "",
+        mirror="kubernetes.io/config.mirror" in (meta.annotations or {}), gpus=gpus,
+    )
+
+
+class KubernetesActivities:
+    def __init__(self, api_client: Callable[[], ApiClient], policy: Policy, *, timeout_s: float = 10.0,
+                 force_dry_run: bool = False) -> None:
+        self._api_client = api_client
+        self._client: ApiClient | None = None
+        self.policy = policy
+        self.timeout = timeout_s
+        self.force_dry_run = force_dry_run
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        if self._client is None:
+            self._client = self._api_client()
+        return client.CoreV1Api(self._client)
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        if self._client is None:
+            self._client = self._api_client()
+        return client.CustomObjectsApi(self._client)
+
+    def _dry(self, requested: bool) -> bool:
+        return requested or self.force_dry_run
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def read_node(self, name: str) -> client.V1Node:
+        with api_errors(f"get node {name}"):
+            return self.core.read_node(name, _request_timeout=self.timeout)
+
+    def pods_on(self, node: str) -> list[client.V1Pod]:
+        with api_errors(f"list pods on {node}"):
+            return list(self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", _request_timeout=self.timeout).items)
+
+    @activity.defn(name="k8s.get_node")
+    def get_node(self, name: str) -> NodeInfo:
+        return node_info(self.read_node(name), self.policy.labels.gpu_resource)
+
+    @activity.defn(name="k8s.list_nodes")
+    def list_nodes(self, label_selector: str) -> list[NodeInfo]:
+        with api_errors("list nodes"):
+            nodes = self.core.list_node(label_selector=label_selector or None, _request_timeout=self.timeout)
+        return [node_info(n, self.policy.labels.gpu_resource) for n in nodes.items]
+
+    @activity.defn(name="k8s.list_pods_on_node")
+    def list_pods_on_node(self, node: str) -> list[PodInfo]:
+        return [pod_info(p, self.policy.labels.gpu_resource) for p in self.pods_on(node)]
+
+    @activity.defn(name="k8s.check_opt_out")
+    def check_opt_out(self, node: str) -> OptOut:
+        """The opt-out label on the node or on any pod running on it stops destructive steps."""
+        key, value = self.policy.labels.opt_out_pair
+        reasons = []
+        labels = self.read_node(node).metadata.labels or {}
+        if labels.get(key) == value:
+            reasons.append(f"node {node} has {key}={value}")
+        for pod in self.pods_on(node):
+            if (pod.metadata.labels or {}).get(key) == value:
+                reasons.append(f"pod {pod.metadata.namespace}/{pod.metadata.name} has {key}={value}")
+        return OptOut(opted_out=bool(reasons), reasons=reasons)
+
+    # --- node writes ---------------------------------------------------------------------------
+
+    def _patch_node(self, name: str, resource_version: str, patch: dict[str, Any]) -> None:
+        patch.setdefault("metadata", {})["resourceVersion"] = resource_version
+        with api_errors(f"patch node {name}"):
+            self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _request_timeout=self.timeout)
+
+    def _update_node(self, name: str, change: Callable[[client.V1Node], dict[str, Any] | None]) -> bool:
+        """Read-modify-write with the resourceVersion; re-read and retry on 409. False: no-op."""
+        for attempt in range(CONFLICT_RETRIES):
+            node = self.read_node(name)
+            patch = change(node)
+            if patch is None:
+                return False
+            try:
+                self._patch_node(name, node.metadata.resource_version, patch)
+                return True
+            except Exception as exc:
+                if getattr(exc, "type", None) != ErrorKind.CONFLICT or attempt == CONFLICT_RETRIES - 1:
+                    raise
+                activity.logger.info("node %s changed under us (409), retrying on the fresh object", name)
+        raise AssertionError("unreachable")
+
+    @activity.defn(name="k8s.cordon_node")
+    def cordon_node(self, target: NodeTarget) -> ActionResult:
+        workflow_key = self.policy.labels.workflow_annotation
+        reason_key = self.policy.labels.reason_annotation
+
+        def change(node: client.V1Node) -> dict[str, Any] | None:
+            annotations = node.metadata.annotations or {}
+            owner = annotations.get(workflow_key)
+            if owner and owner != target.workflow_id:
+                raise fail(ErrorKind.NOT_OWNED, f"node {target.node} is held by workflow {owner}")
+            if node.spec and node.spec.unschedulable and owner == target.workflow_id:
+                return None
+            new = {workflow_key: target.workflow_id, reason_key: target.reason}
+            if node.spec and node.spec.unschedulable and not owner:
+                new[PRE_CORDONED] = "true"  # someone else's cordon: keep it when we are done
+            return {"spec": {"unschedulable": True}, "metadata": {"annotations": new}}
+
+        return self._node_action("cordon", target, change)
+
+    @activity.defn(name="k8s.uncordon_node")
+    def uncordon_node(self, target: NodeTarget) -> ActionResult:
+        workflow_key = self.policy.labels.workflow_annotation
+        reason_key = self.policy.labels.reason_annotation
+
+        def change(node: client.V1Node) -> dict[str, Any] | None:
+            annotations = node.metadata.annotations or {}
+            owner = annotations.get(workflow_key)
+            if owner and owner != target.workflow_id:
+                raise fail(ErrorKind.NOT_OWNED, f"node {target.node} is held by workflow {owner}, not us")
+            if not owner:
+                return None  # not ours (or already returned): leave it as it is
+            patch: dict[str, Any] = {"metadata": {"annotations": {workflow_key: None, reason_key: None,
+                                                                  PRE_CORDONED: None}}}
+            if annotations.get(PRE_CORDONED) != "true":
+                patch["spec"] = {"unschedulable": None}
+            return patch
+
+        return self._node_action("uncordon", target, change)
+
+    @activity.defn(name="k8s.annotate_quarantine")
+    def annotate_quarantine(self, target: NodeTarget) -> ActionResult:
+        """Leave a node out of service on purpose: the annotation says why, for whoever finds it."""
+        reason_key = self.policy.labels.reason_annotation
+
+        def change(node: client.V1Node) -> dict[str, Any] | None:
+            if (node.metadata.annotations or {}).get(reason_key) == target.reason and node.spec.unschedulable:
+                return None
+            return {"spec": {"unschedulable": True}, "metadata": {"annotations": {reason_key: target.reason}}}
+
+        return self._node_action("annotate", target, change)
+
+    def _node_action(self, verb: str, target: NodeTarget,
+                     change: Callable[[client.V1Node], dict[str, Any] | None]) -> ActionResult:
+        if self._dry(target.dry_run):
+            would_change = change(self.read_node(target.node)) is not None
+            return ActionResult(system="kubernetes", action=verb, target=f"node {target.node}",
+                                changed=False, dry_run=True,
+                                detail=target.reason if would_change else "already so")
+        changed = self._update_node(target.node, change)
+        return ActionResult(system="kubernetes", action=verb, target=f"node {target.node}", changed=changed,
+                            detail=target.reason)
+
+    def _taint_action(self, request: TaintRequest, add: bool) -> ActionResult:
+        taint = request.taint
+
+        def change(node: client.V1Node) -> dict[str, Any] | None:
+            current = [t.to_dict() for t in (node.spec.taints or [])] if node.spec else []
+            others = [t for t in current if not (t["key"] == taint.key and t["effect"] == taint.effect)]
+            wanted = others + ([{"key": taint.key, "value": taint.value or None, "effect": taint.effect}]
+                               if add else [])
+            wanted = [{k: v for k, v in t.items() if v is not None and k != "timeAdded"} for t in wanted]
+            trimmed = [{k: v for k, v in t.items() if v is not None and k != "timeAdded"} for t in current]
+            if wanted == trimmed:
+                return None
+            return {"spec": {"taints": wanted}}  # a merge patch replaces the list as a whole
+
+        verb = "add taint" if add else "remove taint"
+        target = f"{taint} on node {request.node}"
+        if self._dry(request.dry_run):
+            would = change(self.read_node(request.node)) is not None
+            return ActionResult(system="kubernetes", action=verb, target=target, changed=False, dry_run=True,
+                                detail="" if would else "already so")
+        return ActionResult(system="kubernetes", action=verb, target=target,
+                            changed=self._update_node(request.node, change))
+
+    @activity.defn(name="k8s.add_taint")
+    def add_taint(self, request: TaintRequest) -> ActionResult:
+        return self._taint_action(request, add=True)
+
+    @activity.defn(name="k8s.remove_taint")
+    def remove_taint(self, request: TaintRequest) -> ActionResult:
+        return self._taint_action(request, add=False)
+
+    # --- eviction -------------------------------------------------------------------------------
+
+    @activity.defn(name="k8s.evict_pods")
+    def evict_pods(self, request: EvictRequest) -> EvictionReport:
+        """Evict every pod on the node through the Eviction API, like `kubectl drain`.
+
+        DaemonSet and mirror pods are skipped (their controllers put them straight back); a
+        PodDisruptionBudget's 429 is waited out until the deadline; pods that never leave are
+        reported, not hidden. Heartbeats carry progress so a retried attempt can be watched.
+        """
+        deadline = time.monotonic() + request.deadline_s
+        pending: list[client.V1Pod] = []
+        skipped: list[PodProblem] = []
+        for pod in self.pods_on(request.node):
+            info = pod_info(pod, self.policy.labels.gpu_resource)
+            if info.owner_kind == "DaemonSet":
+                skipped.append(PodProblem(pod=info.ref, reason="DaemonSet pod"))
+            elif info.mirror:
+                skipped.append(PodProblem(pod=info.ref, reason="mirror (static) pod"))
+            elif info.phase in ("Succeeded", "Failed"):
+                skipped.append(PodProblem(pod=info.ref, reason=f"already {info.phase}"))
+            elif request.selector and not label_selector_matches(request.selector, info.labels):
+                skipped.append(PodProblem(pod=info.ref, reason=f"not selected by {request.selector}"))
+            else:
+                pending.append(pod)
+        if self._dry(request.dry_run):
+            return EvictionReport(node=request.node, dry_run=True, skipped=skipped,
+                                  evicted=[f"{p.metadata.namespace}/{p.metadata.name}" for p in pending])
+
+        evicted: list[str] = []
+        last_error: dict[str, str] = {}
+        delay = 0.2
+        while pending and time.monotonic() < deadline:
+            still: list[client.V1Pod] = []
+            for pod in pending:
+                ref = f"{pod.metadata.namespace}/{pod.metadata.name}"
+                outcome = self._evict_one(pod)
+                if outcome is None:
+                    evicted.append(ref)
+                else:
+                    last_error[ref] = outcome
+                    still.append(pod)
+            pending = still
+            activity.heartbeat({"evicted": len(evicted), "waiting": len(pending)})
+            if pending:
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 5.0)
+        self._wait_gone(request.node, evicted, deadline)
+        failed = [PodProblem(pod=f"{p.metadata.namespace}/{p.metadata.name}",
+                             reason=last_error.get(f"{p.metadata.namespace}/{p.metadata.name}", "deadline"))
+                  for p in pending]
+        return EvictionReport(node=request.node, evicted=evicted, skipped=skipped, failed=failed)
+
+    def _evict_one(self, pod: client.V1Pod) -> str | None:
+        """None when the pod is evicted (or already gone); else why it is still there."""
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod.metadata.name,
+                                                              namespace=pod.metadata.namespace))
+        try:
+            self.core.create_namespaced_pod_eviction(pod.metadata.name, pod.metadata.namespace, body,
+                                                     _request_timeout=self.timeout)
+            return None
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            if exc.status == 429:
+                return "PodDisruptionBudget does not allow it yet"
+            if exc.status in (401, 403):
+                raise from_http_status(exc.status, f"evict {pod.metadata.name}: {exc.reason}") from None
+            return f"HTTP {exc.status} {exc.reason}"
+        except urllib3.exceptions.HTTPError as exc:
+            return f"API unreachable: {exc}"
+
+    def _wait_gone(self, node: str, refs: list[str], deadline: float) -> None:
+        while refs and time.monotonic() < deadline:
+            present = {f"{p.metadata.namespace}/{p.metadata.name}" for p in self.pods_on(node)}
+            if not present.intersection(refs):
+                return
+            activity.heartbeat({"terminating": len(present.intersection(refs))})
+            time.sleep(0.5)
+
+    # --- events -------------------------------------------------------------------------------
+
+    @activity.defn(name="k8s.record_event")
+    def record_event(self, request: EventRequest) -> ActionResult:
+        # A deterministic name makes a retried activity find its own Event instead of a duplicate.
+        digest = hashlib.sha256(f"{request.reason}|{request.message}".encode()).hexdigest()[:10]
+        name = f"{request.name}.fleetmedic.{digest}"
+        target = f"Event {request.reason} on {request.kind} {request.name}"
+        if self._dry(request.dry_run):
+            return ActionResult(system="kubernetes", action="record", target=target, changed=False, dry_run=True,
+                                detail=request.message)
+        now = datetime.now(UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=name, namespace=request.namespace),
+            involved_object=client.V1ObjectReference(kind=request.kind, name=request.name,
+                                                     api_version=request.api_version,
+                                                     namespace=None if request.kind == "Node" else request.namespace),
+            reason=request.reason, message=request.message[:1024], type=request.type,
+            source=client.V1EventSource(component="fleetmedic"),
+            first_timestamp=now, last_timestamp=now, count=1,
+            reporting_component="fleetmedic", reporting_instance=activity.info().workflow_id,
+        )
+        try:
+            self.core.create_namespaced_event(request.namespace, event, _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status == 409:
+                return ActionResult(system="kubernetes", action="record", target=target, changed=False)
+            raise from_http_status(int(exc.status or 500), f"create event: {exc.reason}") from None
+        except urllib3.exceptions.HTTPError as exc:
+            raise fail(ErrorKind.UNAVAILABLE, f"create event: {exc}") from None
+        return ActionResult(system="kubernetes", action="record", target=target, changed=True,
+                            detail=request.message)
+
+    # --- Kueue -----------------------------------------------------------------------------------
+
+    @activity.defn(name="k8s.list_kueue_workloads")
+    def list_kueue_workloads(self, namespace: str) -> list[dict[str, Any]]:
+        """Kueue Workloads, summarised: name, namespace, priority, admitted, queue."""
+        with api_errors("list Kueue workloads"):
+            if namespace:
+                result = self.custom.list_namespaced_custom_object(
+                    "kueue.x-k8s.io", "v1beta1", namespace, "workloads", _request_timeout=self.timeout)
+            else:
+                result = self.custom.list_cluster_custom_object(
+                    "kueue.x-k8s.io", "v1beta1", "workloads", _request_timeout=self.timeout)
+        summaries = []
+        for item in result.get("items", []):
+            status = item.get("status") or {}
+            admitted = any(c.get("type") == "Admitted" and c.get("status") == "True"
+                           for c in status.get("conditions") or [])
+            summaries.append({
+                "name": item["metadata"]["name"], "namespace": item["metadata"].get("namespace", ""),
+                "priority": int((item.get("spec") or {}).get("priority") or 0),
+                "queue": (item.get("spec") or {}).get("queueName", ""), "admitted": admitted,
+            })
+        return summaries
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [self.get_node, self.list_nodes, self.list_pods_on_node, self.check_opt_out, self.cordon_node,
+                self.uncordon_node, self.annotate_quarantine, self.add_taint, self.remove_taint,
+                self.evict_pods, self.record_event, self.list_kueue_workloads]

@@ -1,0 +1,236 @@
+"""Slurm: node state with `fleetmedic:` reasons, jobs on a node, requeue.
+
+Writes go through `scontrol` (slurmrestd 22.05's API, v0.0.38, cannot update nodes or requeue;
+node updates arrive with v0.0.39). Reads go through slurmrestd when FLEETMEDIC_SLURMRESTD_URL is
+set (JWT auth), else through `sinfo --json` / `squeue --json`, which ignore their filters in
+22.05, so we filter here.
+
+FleetMedic only changes or clears reasons it owns: a node DOWN or DRAINed by a person, or by
+Slinky's operator (`slurm-operator:`), is left alone and the activity says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import httpx
+from temporalio import activity
+
+from activities.errors import fail, from_http_status
+from fleetmedic.errors import ErrorKind
+from fleetmedic.models import ActionResult, RequeueJob, SetSlurmNodeState, SlurmJob, SlurmNode, SlurmNodeState
+
+REASON_PREFIX = "fleetmedic:"
+ACTIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
+
+
+def _classify_cli_error(text: str) -> ErrorKind:
+    lowered = text.lower()
+    if "invalid node name" in lowered or "invalid job id" in lowered or "not found" in lowered:
+        return ErrorKind.NOT_FOUND
+    if "access/permission denied" in lowered or "permission denied" in lowered:
+        return ErrorKind.FORBIDDEN
+    if "already pending" in lowered:
+        return ErrorKind.CONFLICT
+    if "invalid" in lowered:
+        return ErrorKind.INVALID
+    return ErrorKind.UNAVAILABLE  # "Unable to contact slurm controller", socket errors ...
+
+
+def node_from_json(raw: dict[str, Any]) -> SlurmNode:
+    state = raw.get("state", "")
+    flags = [str(f).upper() for f in raw.get("state_flags") or []]
+    if isinstance(state, list):  # newer data parsers give a list of flags
+        flags += [str(s).upper() for s in state[1:]]
+        state = state[0] if state else ""
+    return SlurmNode(name=raw["name"], state=str(state).lower(), flags=flags, reason=raw.get("reason") or "")
+
+
+def _nodes_of(raw: dict[str, Any]) -> list[str]:
+    # `nodes` is a hostlist expression; the jobs FleetMedic acts on run on one node or the
+    # expression is expanded by scontrol below when it has brackets.
+    text = raw.get("nodes") or ""
+    return [n for n in text.split(",") if n]
+
+
+def job_from_json(raw: dict[str, Any]) -> SlurmJob:
+    state = raw.get("job_state", "")
+    if isinstance(state, list):
+        state = state[0] if state else ""
+    return SlurmJob(job_id=int(raw["job_id"]), name=raw.get("name", ""), state=str(state).upper(),
+                    nodes=_nodes_of(raw), restart_count=int(raw.get("restart_cnt") or 0),
+                    requeue=bool(raw.get("requeue", True)), work_dir=raw.get("current_working_directory", ""),
+                    state_reason=raw.get("state_reason") or "")
+
+
+class SlurmReader(Protocol):
+    def nodes(self) -> list[dict[str, Any]]: ...
+    def jobs(self) -> list[dict[str, Any]]: ...
+
+
+class SlurmCli:
+    """scontrol/sinfo/squeue with SLURM_CONF from settings, each call under a timeout."""
+
+    def __init__(self, slurm_conf: str | None, timeout_s: float) -> None:
+        self.env = {**os.environ, **({"SLURM_CONF": slurm_conf} if slurm_conf else {})}
+        self.timeout = timeout_s
+
+    def run(self, *argv: str) -> str:
+        if shutil.which(argv[0]) is None:
+            raise fail(ErrorKind.UNAVAILABLE, f"{argv[0]} is not installed on this worker")
+        try:
+            done = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            raise fail(ErrorKind.TIMEOUT, f"{' '.join(argv[:2])} timed out after {self.timeout}s") from None
+        if done.returncode != 0:
+            message = (done.stderr or done.stdout).strip() or f"exit {done.returncode}"
+            raise fail(_classify_cli_error(message), f"{' '.join(argv[:3])}: {message}")
+        return done.stdout
+
+    def _json(self, *argv: str) -> dict[str, Any]:
+        out = self.run(*argv)
+        try:
+            data: dict[str, Any] = json.loads(out)
+        except json.JSONDecodeError:
+            raise fail(ErrorKind.UNAVAILABLE, f"{argv[0]} --json gave no JSON: {out[:200]}") from None
+        return data
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return list(self._json("sinfo", "--json").get("nodes", []))
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return list(self._json("squeue", "--json").get("jobs", []))
+
+
+class SlurmRest:
+    """Reads through slurmrestd (openapi/v0.0.38) with a JWT."""
+
+    def __init__(self, url: str, token: str, user: str, timeout_s: float) -> None:
+        self.client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s,
+                                   headers={"X-SLURM-USER-NAME": user, "X-SLURM-USER-TOKEN": token})
+
+    def _get(self, path: str) -> dict[str, Any]:
+        try:
+            response = self.client.get(path)
+        except httpx.TimeoutException as exc:
+            raise fail(ErrorKind.TIMEOUT, f"slurmrestd {path}: {exc}") from None
+        except httpx.HTTPError as exc:
+            raise fail(ErrorKind.UNAVAILABLE, f"slurmrestd {path}: {exc}") from None
+        if response.status_code >= 400:
+            raise from_http_status(response.status_code, f"slurmrestd {path}: {response.text[:200]}")
+        data: dict[str, Any] = response.json()
+        errors = [e for e in data.get("errors") or [] if e.get("error_number")]
+        if errors:
+            raise fail(ErrorKind.UNAVAILABLE, f"slurmrestd {path}: {errors[0].get('error')}")
+        return data
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return list(self._get("/slurm/v0.0.38/nodes").get("nodes", []))
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return list(self._get("/slurm/v0.0.38/jobs").get("jobs", []))
+
+
+class SlurmActivities:
+    def __init__(self, cli: SlurmCli, reader: SlurmReader | None = None, *, force_dry_run: bool = False) -> None:
+        self.cli = cli
+        self.reader: SlurmReader = reader or cli
+        self.force_dry_run = force_dry_run
+
+    def _node(self, name: str) -> SlurmNode:
+        for raw in self.reader.nodes():
+            if raw.get("name") == name:
+                return node_from_json(raw)
+        raise fail(ErrorKind.NOT_FOUND, f"Slurm has no node {name}")
+
+    @activity.defn(name="slurm.get_node")
+    def get_node(self, name: str) -> SlurmNode:
+        return self._node(name)
+
+    @activity.defn(name="slurm.jobs_on_node")
+    def jobs_on_node(self, node: str) -> list[SlurmJob]:
+        jobs = [job_from_json(raw) for raw in self.reader.jobs()]
+        return [j for j in jobs if node in self._expand(j.nodes) and j.state in ACTIVE_JOB_STATES]
+
+    def _expand(self, nodes: list[str]) -> list[str]:
+        if not any("[" in n for n in nodes):
+            return nodes
+        return self.cli.run("scontrol", "show", "hostnames", ",".join(nodes)).split()
+
+    @activity.defn(name="slurm.get_job")
+    def get_job(self, job_id: int) -> SlurmJob:
+        for raw in self.reader.jobs():
+            if int(raw.get("job_id", -1)) == job_id:
+                return job_from_json(raw)
+        raise fail(ErrorKind.NOT_FOUND, f"Slurm has no job {job_id} (finished longer than MinJobAge ago?)")
+
+    @activity.defn(name="slurm.set_node_state")
+    def set_node_state(self, request: SetSlurmNodeState) -> ActionResult:
+        """DOWN/DRAIN with a `fleetmedic:` reason, or RESUME a node whose reason we own."""
+        node = self._node(request.node)
+        target = f"Slurm node {request.node}"
+        owned = node.reason.startswith(REASON_PREFIX)
+        if request.state is SlurmNodeState.RESUME:
+            if not node.out_of_service:
+                return self._result("resume", target, changed=False, request=request, detail="already in service")
+            if not owned:
+                raise fail(ErrorKind.NOT_OWNED, f"{target} is out of service for '{node.reason}', "
+                                                f"which FleetMedic does not own; not resuming it")
+            if self._dry(request):
+                return self._result("resume", target, changed=False, request=request, detail=node.reason)
+            self.cli.run("scontrol", "update", f"nodename={request.node}", "state=RESUME")
+            return self._result("resume", target, changed=True, request=request, detail=f"was: {node.reason}")
+
+        if not request.reason.startswith(REASON_PREFIX):
+            raise fail(ErrorKind.INVALID, f"a reason FleetMedic sets must start with '{REASON_PREFIX}'")
+        verb = "set DOWN" if request.state is SlurmNodeState.DOWN else "set DRAIN"
+        if node.out_of_service and node.reason and not owned:
+            raise fail(ErrorKind.NOT_OWNED, f"{target} is already out of service for '{node.reason}', "
+                                            f"which FleetMedic does not own; leaving it")
+        already = (node.state == "down" if request.state is SlurmNodeState.DOWN
+                   else node.state in ("drained", "draining") or "DRAIN" in node.flags)
+        if already and node.reason == request.reason:
+            return self._result(verb, target, changed=False, request=request, detail=request.reason)
+        if self._dry(request):
+            return self._result(verb, target, changed=False, request=request, detail=request.reason)
+        self.cli.run("scontrol", "update", f"nodename={request.node}", f"state={request.state.value}",
+                     f"reason={request.reason}")
+        return self._result(verb, target, changed=True, request=request, detail=request.reason)
+
+    @activity.defn(name="slurm.requeue_job")
+    def requeue_job(self, request: RequeueJob) -> ActionResult:
+        job = self.get_job(request.job_id)
+        target = f"Slurm job {request.job_id}"
+        if job.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"):
+            return self._result("requeue", target, changed=False, request=request,
+                                detail=f"already {job.state.lower()} (restarts: {job.restart_count})")
+        if job.state not in ACTIVE_JOB_STATES:
+            return self._result("requeue", target, changed=False, request=request,
+                                detail=f"job is {job.state}: nothing to requeue")
+        if self._dry(request):
+            return self._result("requeue", target, changed=False, request=request)
+        try:
+            self.cli.run("scontrol", "requeue", str(request.job_id))
+        except Exception as exc:
+            # Slurm requeued it between our read and our call: that is what we wanted.
+            if getattr(exc, "type", None) == ErrorKind.CONFLICT:
+                return self._result("requeue", target, changed=False, request=request, detail="already pending")
+            raise
+        return self._result("requeue", target, changed=True, request=request)
+
+    def _dry(self, request: SetSlurmNodeState | RequeueJob) -> bool:
+        return request.dry_run or self.force_dry_run
+
+    def _result(self, verb: str, target: str, *, changed: bool, request: SetSlurmNodeState | RequeueJob,
+                detail: str = "") -> ActionResult:
+        dry = self._dry(request)
+        return ActionResult(system="slurm", action=verb, target=target, changed=changed and not dry,
+                            dry_run=dry, detail=detail)
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [self.get_node, self.jobs_on_node, self.get_job, self.set_node_state, self.requeue_job]

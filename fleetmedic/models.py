@@ -1,0 +1,367 @@
+"""Typed contracts between the alert receiver, the workflows and the activities."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+# --- alerts -------------------------------------------------------------------------------
+
+class Alert(_Model):
+    """One alert of an Alertmanager webhook (version 4)."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    status: Literal["firing", "resolved"]
+    labels: dict[str, str]
+    annotations: dict[str, str] = Field(default_factory=dict)
+    starts_at: datetime | None = Field(None, alias="startsAt")
+    ends_at: datetime | None = Field(None, alias="endsAt")
+    generator_url: str = Field("", alias="generatorURL")
+    fingerprint: str = ""
+
+
+# --- every mutation reports what it did, or would have done --------------------------------
+
+class ActionResult(_Model):
+    system: Literal["kubernetes", "slurm", "provider", "agent", "slack"]
+    action: str  # a verb: cordon, evict, set-down, requeue, replace ...
+    target: str
+    changed: bool  # False: it was already so (idempotent no-op) or dry-run
+    dry_run: bool = False
+    detail: str = ""
+
+    @property
+    def summary(self) -> str:
+        verb = f"would {self.action}" if self.dry_run else (self.action if self.changed else
+                                                             f"{self.action} (already done)")
+        return f"{verb} {self.target}" + (f": {self.detail}" if self.detail else "")
+
+
+# --- Kubernetes ------------------------------------------------------------------------------
+
+class Taint(_Model):
+    key: str
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+    @classmethod
+    def parse(cls, text: str) -> Taint:
+        """`key=value:Effect` or `key:Effect`."""
+        body, _, effect = text.rpartition(":")
+        key, _, value = body.partition("=")
+        return cls(key=key, value=value, effect=effect)  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+
+class NodeInfo(_Model):
+    name: str
+    uid: str = ""
+    ready: bool
+    # When the Ready condition last changed: a node that is Ready "since after our request"
+    # really came back, whatever its name or uid.
+    ready_since: datetime | None = None
+    unschedulable: bool = False
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    taints: list[Taint] = Field(default_factory=list)
+    gpu_allocatable: int = 0
+    provider_id: str = ""
+
+
+class PodInfo(_Model):
+    namespace: str
+    name: str
+    uid: str = ""
+    node: str = ""
+    phase: str = ""
+    ready: bool = False
+    labels: dict[str, str] = Field(default_factory=dict)
+    owner_kind: str = ""
+    owner_name: str = ""
+    mirror: bool = False  # a static pod: the kubelet owns it, eviction cannot remove it
+    gpus: int = 0
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class OptOut(_Model):
+    opted_out: bool
+    reasons: list[str] = Field(default_factory=list)
+
+
+class EvictRequest(_Model):
+    node: str
+    deadline_s: float = Field(600, gt=0)
+    dry_run: bool = False
+    workflow_id: str = ""
+    # Only pods matching this label selector (e.g. training pods); None = all pods.
+    selector: str | None = None
+
+
+class PodProblem(_Model):
+    pod: str
+    reason: str
+
+
+class EvictionReport(_Model):
+    node: str
+    evicted: list[str] = Field(default_factory=list)
+    skipped: list[PodProblem] = Field(default_factory=list)  # DaemonSet, mirror, not selected
+    failed: list[PodProblem] = Field(default_factory=list)  # PDB until the deadline, errors
+    dry_run: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return not self.failed
+
+
+class NodeTarget(_Model):
+    """A node-level mutation request: who asks (workflow ID), why, and whether for real."""
+
+    node: str
+    workflow_id: str
+    reason: str = ""
+    dry_run: bool = False
+
+
+class TaintRequest(_Model):
+    node: str
+    taint: Taint
+    dry_run: bool = False
+
+
+class EventRequest(_Model):
+    kind: str = "Node"
+    name: str
+    namespace: str = "default"
+    api_version: str = "v1"
+    reason: str
+    message: str
+    type: Literal["Normal", "Warning"] = "Normal"
+    dry_run: bool = False
+
+
+class WaitNodeReady(_Model):
+    node: str
+    # When the provider replaces a node, a different name may come back with this label value.
+    timeout_s: float = Field(60, gt=0)
+    poll_s: float = Field(2, gt=0)
+
+
+# --- Slurm -------------------------------------------------------------------------------------
+
+class SlurmNodeState(StrEnum):
+    DOWN = "DOWN"
+    DRAIN = "DRAIN"
+    RESUME = "RESUME"
+
+
+class SlurmNode(_Model):
+    name: str
+    state: str  # idle, allocated, mixed, down, drained, draining ... (lower case, as Slurm says)
+    flags: list[str] = Field(default_factory=list)
+    reason: str = ""
+
+    @property
+    def out_of_service(self) -> bool:
+        return self.state in ("down", "drained", "draining") or any(
+            f in ("DRAIN", "DOWN") for f in self.flags)
+
+
+class SlurmJob(_Model):
+    job_id: int
+    name: str = ""
+    state: str  # RUNNING, PENDING, COMPLETING, COMPLETED, CANCELLED, FAILED ...
+    nodes: list[str] = Field(default_factory=list)
+    restart_count: int = 0
+    requeue: bool = True
+    work_dir: str = ""
+    state_reason: str = ""
+
+
+class SetSlurmNodeState(_Model):
+    node: str
+    state: SlurmNodeState
+    reason: str = ""
+    dry_run: bool = False
+
+
+class RequeueJob(_Model):
+    job_id: int
+    dry_run: bool = False
+
+
+# --- storage -------------------------------------------------------------------------------
+
+class CheckpointQuery(_Model):
+    job_id: int
+    job_name: str = ""
+
+
+class Checkpoint(_Model):
+    path: str
+    step: int | None
+    modified: datetime
+
+
+# --- providers -------------------------------------------------------------------------------
+
+class ProviderRequest(_Model):
+    cluster: str
+    node: str
+    action: Literal["replace", "reboot", "rma"]
+    reason: str
+    idempotency_key: str  # the workflow ID + action: a retried request is the same request
+    dry_run: bool = False
+
+
+class ProviderResult(_Model):
+    provider: str
+    action: str
+    accepted: bool
+    reference: str = ""  # the provider's handle: a Machine name, a ticket, a request id
+    detail: str = ""
+    needs_human: bool = False  # the manual provider: a person must do it and signal `replaced`
+    dry_run: bool = False
+
+
+# --- notifications -----------------------------------------------------------------------------
+
+class NotifyStart(_Model):
+    workflow_id: str
+    runbook: str
+    node: str = ""
+    text: str
+    dry_run: bool = False
+
+
+class NotifyStep(_Model):
+    channel: str
+    thread_ts: str
+    text: str
+    mention: str | None = None
+
+
+class NotifyResult(_Model):
+    delivered: bool
+    channel: str = ""
+    ts: str = ""
+    error: str = ""
+
+
+# --- node agent --------------------------------------------------------------------------------
+
+class Validate(_Model):
+    node: str
+    since: datetime  # no XID after this instant
+    expected_gpus: int | None = None
+
+
+class ValidationCheck(_Model):
+    name: str
+    passed: bool
+    value: str = ""
+
+
+class Validation(_Model):
+    available: bool  # False: no agent configured or reachable; the runbook records it skipped
+    passed: bool = False
+    checks: list[ValidationCheck] = Field(default_factory=list)
+    detail: str = ""
+
+
+class GpuResetRequest(_Model):
+    node: str
+    gpu: int
+    dry_run: bool = False
+
+
+# --- runbooks ----------------------------------------------------------------------------------
+
+class NodeRunbookInput(_Model):
+    """What starts a node runbook. Also the plain JSON the Temporal UI's Start Workflow form takes:
+    {"cluster": "prod", "node": "gpu-node-3", "gpu": 3, "xid": 79}."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cluster: str = Field(min_length=1)
+    node: str = Field(min_length=1)
+    gpu: int | None = Field(None, ge=0, le=63)
+    xid: int | None = Field(None, ge=1)
+    linked_xid: int | None = None
+    temperature_c: float | None = None
+    alert: Alert | None = None
+    dry_run: bool = False
+    requested_by: str = "alertmanager"
+
+
+class Operator(_Model):
+    by: str = Field(min_length=1)
+    reason: str = ""
+
+
+class EscalationAnswer(_Model):
+    action: Literal["retry", "skip", "abort"]
+    by: str = Field(min_length=1)
+    reason: str = ""
+
+
+class Replaced(_Model):
+    """A person replaced (or repaired) the node; `new_node` when it came back under another name."""
+
+    by: str = Field(min_length=1)
+    new_node: str | None = None
+    reason: str = ""
+
+
+class Escalation(_Model):
+    step: str
+    error: str
+    since: datetime
+    answered_by: str | None = None
+    answer: str | None = None
+
+
+class StepRecord(_Model):
+    step: str
+    at: datetime
+    result: str
+
+
+class RunbookStatus(_Model):
+    runbook: str
+    workflow_id: str
+    cluster: str
+    node: str = ""
+    step: str
+    waiting_for: str | None = None
+    dry_run: bool = False
+    paused: Operator | None = None
+    escalation: Escalation | None = None
+    outcome: str | None = None
+    decisions: list[StepRecord] = Field(default_factory=list)
+    actions: list[str] = Field(default_factory=list)
+
+
+class RunContext(_Model):
+    """What a run learns once at its start (and keeps in its history): the policy snapshot and
+    which systems this worker can reach."""
+
+    policy_version: int = 1
+    slurm_enabled: bool
+    agent_configured: bool
+    provider: str
+    provider_supports: list[str] = Field(default_factory=list)

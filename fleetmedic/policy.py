@@ -1,0 +1,246 @@
+"""The remediation policy: every threshold, limit and choice a platform team may tune.
+
+A policy file is YAML validated by these models. Unknown keys are errors (a typo must not
+silently fall back to a default), and :func:`parse_policy` reports the exact field and why.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fleetmedic.durations import Duration
+from fleetmedic.xid import BurstRule, XidAction, XidRule, default_burst, default_catalog, default_reset_repeat
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used. `field` is the dotted path of the first bad field."""
+
+    def __init__(self, source: str, field: str, reason: str) -> None:
+        self.source, self.field, self.reason = source, field, reason
+        super().__init__(f"invalid policy {source}: {field}: {reason}")
+
+
+def _td(**kwargs: float) -> timedelta:
+    return timedelta(**kwargs)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class LabelPolicy(_Strict):
+    # `key=value`: a node or a pod carrying it opts out of every destructive step.
+    opt_out: str = "fleetmedic.io/remediation=disabled"
+    workflow_annotation: str = "fleetmedic.io/workflow"
+    reason_annotation: str = "fleetmedic.io/quarantine-reason"
+    gpu_resource: str = "nvidia.com/gpu"
+    # Only nodes with this label count as GPU nodes for budgets and capacity.
+    gpu_node_selector: str = "nvidia.com/gpu.present=true"
+
+    @field_validator("opt_out", "gpu_node_selector")
+    @classmethod
+    def _key_value(cls, value: str) -> str:
+        key, sep, val = value.partition("=")
+        if not sep or not key or not val:
+            raise ValueError(f"'{value}' must be written key=value")
+        return value
+
+    @property
+    def opt_out_pair(self) -> tuple[str, str]:
+        key, _, value = self.opt_out.partition("=")
+        return key, value
+
+
+class ShadowPolicy(_Strict):
+    # Shadow (dry-run) mode: mutating activities record what they would do and do nothing.
+    all_runbooks: bool = Field(False, alias="global")
+    runbooks: dict[str, bool] = Field(default_factory=dict)
+
+    def enabled_for(self, runbook: str) -> bool:
+        return self.all_runbooks or self.runbooks.get(runbook, False)
+
+
+class XidPolicy(_Strict):
+    catalog: dict[int, XidRule] = Field(default_factory=default_catalog)
+    unknown_action: XidAction = XidAction.NOTIFY
+    application_burst: BurstRule = Field(default_factory=default_burst)
+    reset_repeat: BurstRule = Field(default_factory=default_reset_repeat)
+    # When a GPU reset is asked for and no node agent can do it: reboot or replace.
+    reset_fallback: Literal["reboot", "replace"] = "reboot"
+
+    @field_validator("catalog", mode="before")
+    @classmethod
+    def _merge_catalog(cls, value: Any) -> Any:
+        # A policy lists only the XIDs it changes; the rest keep their defaults.
+        if isinstance(value, dict):
+            merged: dict[Any, Any] = {k: v.model_dump() for k, v in default_catalog().items()}
+            for key, rule in value.items():
+                try:
+                    xid = int(key)
+                except (TypeError, ValueError):
+                    raise ValueError(f"XID '{key}' is not a number") from None
+                if isinstance(rule, str):
+                    rule = {"action": rule, "description": merged.get(xid, {}).get("description", "")}
+                merged[xid] = rule
+            return merged
+        return value
+
+
+class ThermalPolicy(_Strict):
+    threshold_c: float = Field(78.0, gt=0, lt=150)
+    # absolute: temperature above threshold_c; margin: thermal margin to slowdown below margin_c.
+    mode: Literal["absolute", "margin"] = "absolute"
+    margin_c: float = Field(5.0, ge=0)
+    sustain: Duration = Field(default_factory=lambda: _td(minutes=2))
+    pull_mode: Literal["immediate", "at-checkpoint"] = "immediate"
+    at_checkpoint_deadline: Duration = Field(default_factory=lambda: _td(minutes=30))
+
+
+class NvlinkPolicy(_Strict):
+    error_rate_per_min: float = Field(10.0, gt=0)
+    keep_serving_inference: bool = True
+    degraded_taint: str = "fleetmedic.io/degraded=nvlink:NoSchedule"
+    inference_selector: str = "fleetmedic.io/workload=inference"
+
+
+class GracePolicy(_Strict):
+    checkpoint: Duration = Field(default_factory=lambda: _td(seconds=120))
+    eviction_deadline: Duration = Field(default_factory=lambda: _td(minutes=10))
+    node_ready_deadline: Duration = Field(default_factory=lambda: _td(minutes=30))
+    job_resume_deadline: Duration = Field(default_factory=lambda: _td(minutes=15))
+
+
+class BudgetPolicy(_Strict):
+    max_concurrent: int = Field(5, ge=1)
+    max_unavailable_fraction: float = Field(0.10, gt=0, le=1)
+    max_per_hour: int = Field(20, ge=1)
+    topology_label: str | None = "topology.kubernetes.io/zone"
+    max_per_domain: int = Field(2, ge=1)
+
+
+class ApprovalPolicy(_Strict):
+    # Steps that wait for a human `approve` Update before they run, e.g. ["replace"].
+    steps: list[Literal["cordon", "drain", "slurm_down", "replace", "reset", "reboot", "quota_cut"]] = Field(
+        default_factory=list)
+    # Ask for approval of every destructive step while this share of GPU nodes is out.
+    above_unavailable_fraction: float | None = Field(None, gt=0, le=1)
+    timeout: Duration = Field(default_factory=lambda: _td(hours=4))
+    on_timeout: Literal["escalate", "abort"] = "escalate"
+
+
+class LemonPolicy(_Strict):
+    count: int = Field(3, ge=2)
+    window: Duration = Field(default_factory=lambda: _td(days=7))
+
+
+class HttpProviderPolicy(_Strict):
+    url: str = "http://127.0.0.1:8089"
+    timeout: Duration = Field(default_factory=lambda: _td(seconds=10))
+
+
+class ClusterApiProviderPolicy(_Strict):
+    namespace: str = "default"
+    # The Node -> Machine link: Cluster API sets this annotation on every Node it owns.
+    machine_annotation: str = "cluster.x-k8s.io/machine"
+
+
+class KarpenterProviderPolicy(_Strict):
+    nodepool_label: str = "karpenter.sh/nodepool"
+
+
+class ProviderPolicy(_Strict):
+    kind: Literal["manual", "cluster-api", "karpenter", "http"] = "manual"
+    http: HttpProviderPolicy = HttpProviderPolicy()
+    cluster_api: ClusterApiProviderPolicy = ClusterApiProviderPolicy()
+    karpenter: KarpenterProviderPolicy = KarpenterProviderPolicy()
+
+
+class StoragePolicy(_Strict):
+    # Checkpoints of job <job_id> live under `root`/`layout`; the newest file or directory
+    # matching it is the one the job resumes from. `{job_id}` and `{job_name}` are filled in.
+    root: str = "/checkpoints"
+    layout: str = "{job_id}/*"
+    step_pattern: str = r"(\d+)"
+
+    @field_validator("layout")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        if value.startswith("/") or ".." in value.split("/"):
+            raise ValueError("layout must be a relative glob under root, without '..'")
+        return value
+
+
+class EscalationPolicy(_Strict):
+    slack_mention: str = "@gpu-oncall"
+    # How long a runbook waits for `retry`/`skip`/`abort` before it asks again.
+    reminder: Duration = Field(default_factory=lambda: _td(hours=1))
+
+
+class NotifyPolicy(_Strict):
+    slack_channel: str | None = None  # FLEETMEDIC_SLACK_CHANNEL wins when set
+
+
+class Policy(_Strict):
+    version: Literal[1] = 1
+    labels: LabelPolicy = LabelPolicy()
+    shadow: ShadowPolicy = ShadowPolicy()
+    xid: XidPolicy = XidPolicy()
+    thermal: ThermalPolicy = ThermalPolicy()
+    nvlink: NvlinkPolicy = NvlinkPolicy()
+    grace: GracePolicy = GracePolicy()
+    budget: BudgetPolicy = BudgetPolicy()
+    approvals: ApprovalPolicy = ApprovalPolicy()
+    lemon: LemonPolicy = LemonPolicy()
+    provider: ProviderPolicy = ProviderPolicy()
+    storage: StoragePolicy = StoragePolicy()
+    escalation: EscalationPolicy = EscalationPolicy()
+    notify: NotifyPolicy = NotifyPolicy()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Policy:
+        if self.grace.checkpoint > self.grace.eviction_deadline:
+            raise ValueError("grace.checkpoint must not be longer than grace.eviction_deadline")
+        return self
+
+
+DEFAULT_POLICY_RESOURCE = "default_policy.yaml"
+
+
+def default_policy_text() -> str:
+    return resources.files("fleetmedic").joinpath(DEFAULT_POLICY_RESOURCE).read_text()
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    """Parse and validate a policy document; raise PolicyError naming the bad field."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(source, "(document)", f"not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(source, "(document)", "the top level must be a mapping")
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error["loc"]) or "(document)"
+        raise PolicyError(source, field, error["msg"]) from None
+
+
+def load_policy(path: str | Path | None) -> Policy:
+    """Read the policy file at `path`, or the shipped default policy when no path is given."""
+    if not path:
+        return parse_policy(default_policy_text(), f"(default {DEFAULT_POLICY_RESOURCE})")
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise PolicyError(str(file), "(file)", f"cannot read: {exc.strerror}") from None
+    return parse_policy(text, str(file))

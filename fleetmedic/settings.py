@@ -1,0 +1,117 @@
+"""Process settings from the environment. Every variable, its default and its meaning.
+
+Temporal's own variables (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS*,
+TEMPORAL_PROFILE, TEMPORAL_CONFIG_FILE) are read by the Temporal SDK's environment configuration,
+so FleetMedic connects exactly as the `temporal` CLI does; they are listed here for the docs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    default: str
+    meaning: str
+
+
+# The documented table (README renders the same list; a test keeps them in sync).
+ENVIRONMENT: tuple[EnvVar, ...] = (
+    EnvVar("TEMPORAL_ADDRESS", "localhost:7233", "Temporal frontend host:port"),
+    EnvVar("TEMPORAL_NAMESPACE", "default", "Temporal namespace"),
+    EnvVar("TEMPORAL_API_KEY", "(none)", "API key for Temporal Cloud or a server that wants one; implies TLS"),
+    EnvVar("TEMPORAL_TLS", "false", "use TLS to the frontend (also TEMPORAL_TLS_CLIENT_CERT_PATH, "
+           "TEMPORAL_TLS_CLIENT_KEY_PATH, TEMPORAL_TLS_SERVER_CA_CERT_PATH, TEMPORAL_TLS_SERVER_NAME)"),
+    EnvVar("FLEETMEDIC_TASK_QUEUE", "fleetmedic", "task queue the worker polls and runbooks start on"),
+    EnvVar("FLEETMEDIC_CLUSTER", "default", "cluster name used in workflow IDs and search attributes"),
+    EnvVar("FLEETMEDIC_POLICY", "(shipped default_policy.yaml)", "path of the policy YAML file"),
+    EnvVar("KUBECONFIG", "(in-cluster config, else ~/.kube/config)", "Kubernetes client configuration"),
+    EnvVar("FLEETMEDIC_KUBE_TIMEOUT", "10", "seconds per Kubernetes API call"),
+    EnvVar("FLEETMEDIC_SLURM", "auto", "auto (use Slurm when scontrol is on PATH), on, or off"),
+    EnvVar("SLURM_CONF", "(Slurm's default /etc/slurm/slurm.conf)", "slurm.conf used by scontrol/squeue"),
+    EnvVar("FLEETMEDIC_SLURMRESTD_URL", "(none: read through the CLI)", "slurmrestd base URL for reads"),
+    EnvVar("SLURM_JWT", "(none)", "JWT for slurmrestd"),
+    EnvVar("FLEETMEDIC_SLURM_USER", "root", "X-SLURM-USER-NAME sent to slurmrestd"),
+    EnvVar("FLEETMEDIC_SLURM_TIMEOUT", "15", "seconds per Slurm command or request"),
+    EnvVar("SLACK_BOT_TOKEN", "(none: notifications are logged only)", "Slack bot token"),
+    EnvVar("FLEETMEDIC_SLACK_CHANNEL", "(none)", "Slack channel for runbook threads"),
+    EnvVar("FLEETMEDIC_SLACK_API_URL", "https://slack.com/api/", "Slack Web API base URL"),
+    EnvVar("FLEETMEDIC_WEBHOOK_TOKEN", "(none: the webhook refuses to start)", "bearer token for alerts"),
+    EnvVar("FLEETMEDIC_PROVIDER_TOKEN", "(none)", "bearer token for the http provider"),
+    EnvVar("FLEETMEDIC_AGENT_URL", "(none: validation is skipped)",
+           "node agent URL template, e.g. http://{node}:9400"),
+    EnvVar("FLEETMEDIC_AGENT_TOKEN", "(none)", "token for the node agent's reset endpoint"),
+    EnvVar("FLEETMEDIC_METRICS_PORT", "9464", "worker Prometheus metrics port (0 disables)"),
+    EnvVar("FLEETMEDIC_ACTIVITY_THREADS", "64", "threads for blocking activity calls"),
+    EnvVar("FLEETMEDIC_DRY_RUN", "false", "force shadow mode for every runbook of this process"),
+)
+
+
+class SettingsError(ValueError):
+    pass
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    task_queue: str = "fleetmedic"
+    cluster: str = "default"
+    policy_path: str | None = None
+    kubeconfig: str | None = None
+    kube_timeout_s: float = Field(10.0, gt=0)
+    slurm: str = Field("auto", pattern="^(auto|on|off)$")
+    slurm_conf: str | None = None
+    slurmrestd_url: str | None = None
+    slurm_jwt: str | None = Field(None, repr=False)
+    slurm_user: str = "root"
+    slurm_timeout_s: float = Field(15.0, gt=0)
+    slack_bot_token: str | None = Field(None, repr=False)
+    slack_channel: str | None = None
+    slack_api_url: str = "https://slack.com/api/"
+    webhook_token: str | None = Field(None, repr=False)
+    provider_token: str | None = Field(None, repr=False)
+    agent_url: str | None = None
+    agent_token: str | None = Field(None, repr=False)
+    metrics_port: int = Field(9464, ge=0, le=65535)
+    activity_threads: int = Field(64, ge=1, le=4096)
+    dry_run: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        mapping = {
+            "task_queue": "FLEETMEDIC_TASK_QUEUE",
+            "cluster": "FLEETMEDIC_CLUSTER",
+            "policy_path": "FLEETMEDIC_POLICY",
+            "kubeconfig": "KUBECONFIG",
+            "kube_timeout_s": "FLEETMEDIC_KUBE_TIMEOUT",
+            "slurm": "FLEETMEDIC_SLURM",
+            "slurm_conf": "SLURM_CONF",
+            "slurmrestd_url": "FLEETMEDIC_SLURMRESTD_URL",
+            "slurm_jwt": "SLURM_JWT",
+            "slurm_user": "FLEETMEDIC_SLURM_USER",
+            "slurm_timeout_s": "FLEETMEDIC_SLURM_TIMEOUT",
+            "slack_bot_token": "SLACK_BOT_TOKEN",
+            "slack_channel": "FLEETMEDIC_SLACK_CHANNEL",
+            "slack_api_url": "FLEETMEDIC_SLACK_API_URL",
+            "webhook_token": "FLEETMEDIC_WEBHOOK_TOKEN",
+            "provider_token": "FLEETMEDIC_PROVIDER_TOKEN",
+            "agent_url": "FLEETMEDIC_AGENT_URL",
+            "agent_token": "FLEETMEDIC_AGENT_TOKEN",
+            "metrics_port": "FLEETMEDIC_METRICS_PORT",
+            "activity_threads": "FLEETMEDIC_ACTIVITY_THREADS",
+            "dry_run": "FLEETMEDIC_DRY_RUN",
+        }
+        values = {field: env[var] for field, var in mapping.items() if env.get(var, "") != ""}
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            raise SettingsError(f"environment variable {mapping.get(field, field)}: {error['msg']}") from None

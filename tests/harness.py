@@ -1,0 +1,127 @@
+"""Helpers shared by the workflow tests: a worker wired to the stand-ins, and a test 'controller'
+that plays the node provider's part (a replaced node goes NotReady, then Ready again)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from fleetmedic.policy import Policy, parse_policy
+from fleetmedic.settings import Settings
+from workers.devstack.kube_emulator import KubeEmulatorThread
+from workers.devstack.slurm_cluster import LocalSlurmCluster
+from workers.devstack.standins import ProviderStandIn, SlackStandIn
+from workers.worker import build_worker
+
+# A job that checkpoints like a training job: on start it resumes from its newest step, and on
+# SIGTERM it writes one more step before it exits. Slurm requeues it after the node goes DOWN.
+CHECKPOINTING_JOB = """#!/bin/bash
+#SBATCH --requeue
+dir="{root}/$SLURM_JOB_ID"
+mkdir -p "$dir"
+step=$(ls "$dir" 2>/dev/null | sed 's/step-//' | sort -n | tail -1)
+step=${{step:-0}}
+echo "start host=$SLURMD_NODENAME restarts=${{SLURM_RESTART_COUNT:-0}} step=$step" >> "$dir.log"
+on_term() {{
+  echo "sigterm $(date +%s.%N) host=$SLURMD_NODENAME" >> "$dir.log"
+  touch "$dir/step-$((step + 1))"
+  exit 0
+}}
+trap on_term TERM
+touch "$dir/step-$step"
+while true; do sleep 0.2; done
+"""
+
+
+def quick_policy(tmp_path: Path, **overrides: Any) -> Policy:
+    """The default policy with short deadlines, so a test waits seconds, not minutes."""
+    doc: dict[str, Any] = {
+        "grace": {"checkpoint": "20s", "eviction_deadline": "30s", "node_ready_deadline": "60s",
+                  "job_resume_deadline": "90s"},
+        "storage": {"root": str(tmp_path / "checkpoints"), "layout": "{job_id}/step-*", "step_pattern": r"(\d+)"},
+        "escalation": {"slack_mention": "@oncall", "reminder": "1h"},
+    }
+    for key, value in overrides.items():
+        doc[key] = {**doc.get(key, {}), **value} if isinstance(value, dict) else value
+    (tmp_path / "checkpoints").mkdir(exist_ok=True)
+    return parse_policy(yaml.safe_dump(doc), "test policy")
+
+
+def settings_for(task_queue: str, kube: KubeEmulatorThread, *, slurm: LocalSlurmCluster | None = None,
+                  slack: SlackStandIn | None = None, provider: ProviderStandIn | None = None,
+                  **extra: Any) -> Settings:
+    values: dict[str, Any] = {
+        "task_queue": task_queue, "cluster": "test",
+        "kubeconfig": str(kube.kubeconfig),  # type: ignore[attr-defined]
+        "slurm": "on" if slurm else "off",
+        "slurm_conf": str(slurm.conf) if slurm else None,
+        "slack_bot_token": "xoxb-test" if slack else None, "slack_channel": "#gpu-fleet" if slack else None,
+        "slack_api_url": slack.api_url if slack else "https://slack.invalid/api/",
+        "provider_token": provider.token if provider else None,
+        "metrics_port": 0, "activity_threads": 16,
+    }
+    values.update(extra)
+    return Settings.model_validate(values)
+
+
+def worker_for(client: Client, settings: Settings, policy: Policy) -> Worker:
+    return build_worker(client, settings, policy)
+
+
+def set_ready(kube: KubeEmulatorThread, node: str, ready: bool) -> None:
+    obj = kube.emulator.get("v1", "Node", node)
+    assert obj is not None, f"node {node} does not exist"
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for condition in obj["status"]["conditions"]:
+        if condition["type"] == "Ready":
+            condition["status"] = "True" if ready else "False"
+            condition["lastTransitionTime"] = now
+    kube.emulator.put(obj)
+
+
+@contextmanager
+def provider_controller(kube: KubeEmulatorThread, provider: ProviderStandIn,
+                        delay_s: float = 1.0) -> Iterator[list[str]]:
+    """Play the provider: each accepted request takes its node NotReady, then Ready again."""
+    handled: list[str] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            for request in provider.accepted():
+                key = f"{request['node']}:{request['action']}"
+                if key in handled:
+                    continue
+                handled.append(key)
+                set_ready(kube, request["node"], False)
+                time.sleep(delay_s)
+                set_ready(kube, request["node"], True)
+            stop.wait(0.2)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield handled
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def job_on(slurm: LocalSlurmCluster, job_id: int, timeout_s: float = 20) -> str:
+    """Wait until the job runs and return its node."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = slurm.run("squeue", "-h", "-j", str(job_id), "-o", "%T %N", check=False).stdout.split()
+        if len(out) == 2 and out[0] == "RUNNING":
+            return out[1]
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not start within {timeout_s}s")

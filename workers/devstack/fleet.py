@@ -1,0 +1,91 @@
+"""Schema-valid Kubernetes objects for an emulated GPU fleet (tests and `fleetmedic dev`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GPU_LABEL = "nvidia.com/gpu.present"
+
+
+def node(name: str, *, gpus: int = 8, ready: bool = True, unschedulable: bool = False,
+         labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+         taints: list[dict[str, str]] | None = None, zone: str = "zone-a") -> dict[str, Any]:
+    spec: dict[str, Any] = {"providerID": f"emulated://{name}"}
+    if unschedulable:
+        spec["unschedulable"] = True
+    if taints:
+        spec["taints"] = taints
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {GPU_LABEL: "true", "kubernetes.io/hostname": name,
+                                              "topology.kubernetes.io/zone": zone, **(labels or {})},
+                     "annotations": dict(annotations or {})},
+        "spec": spec,
+        "status": {
+            "capacity": {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": str(gpus), "pods": "110"},
+            "allocatable": {"cpu": "94", "memory": "1000Gi", "nvidia.com/gpu": str(gpus), "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                            "reason": "KubeletReady" if ready else "KubeletNotReady",
+                            "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                            "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        },
+    }
+
+
+def pod(name: str, node_name: str, *, namespace: str = "default", labels: dict[str, str] | None = None,
+        owner_kind: str = "ReplicaSet", owner_name: str | None = None, gpus: int = 0,
+        ready: bool = True, mirror: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels or {})}
+    if owner_kind:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner_kind,
+                                    "name": owner_name or f"{name}-owner", "uid": f"uid-{owner_name or name}",
+                                    "controller": True}]
+    if mirror:
+        meta["annotations"] = {"kubernetes.io/config.mirror": "mirror"}
+        meta.pop("ownerReferences", None)
+    resources: dict[str, Any] = {}
+    if gpus:
+        resources = {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}}
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+        "spec": {"nodeName": node_name, "containers": [{"name": "main", "image": "busybox:1.36",
+                                                         "resources": resources}]},
+        "status": {"phase": "Running",
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def pdb(name: str, *, match_labels: dict[str, str], namespace: str = "default",
+        min_available: int | str | None = None, max_unavailable: int | str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"selector": {"matchLabels": match_labels}}
+    if min_available is not None:
+        spec["minAvailable"] = min_available
+    if max_unavailable is not None:
+        spec["maxUnavailable"] = max_unavailable
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def demo_fleet(nodes: int = 8) -> list[dict[str, Any]]:
+    """About what `fleetmedic dev` shows: GPU nodes, a training job's pods, inference, DaemonSets."""
+    objects: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+        for ns in ("default", "training", "inference", "gpu-operator")
+    ]
+    for i in range(nodes):
+        name = f"gpu-node-{i}"
+        objects.append(node(name, zone=f"zone-{'ab'[i % 2]}"))
+        objects.append(pod(f"dcgm-exporter-{i}", name, namespace="gpu-operator", owner_kind="DaemonSet",
+                           owner_name="dcgm-exporter", labels={"app": "dcgm-exporter"}))
+        if i < nodes - 2:
+            objects.append(pod(f"trainer-{i}", name, namespace="training", owner_kind="Job",
+                               owner_name="llm-pretrain", gpus=8,
+                               labels={"app": "llm-pretrain", "fleetmedic.io/workload": "training"}))
+        else:
+            for r in range(2):
+                objects.append(pod(f"diffusion-{i}-{r}", name, namespace="inference", gpus=4,
+                                   owner_name="diffusion-7d9f",
+                                   labels={"app": "diffusion", "fleetmedic.io/workload": "inference"}))
+    objects.append(pdb("diffusion", namespace="inference", match_labels={"app": "diffusion"},
+                       min_available=2))
+    return objects

@@ -1,0 +1,222 @@
+"""A real Slurm cluster from Debian's packages, on loopback, in a temp dir (tests and `fleetmedic dev`).
+
+munged, slurmctld, one `slurmd -N <name>` per node name (each on its own port) and optionally
+slurmrestd run in the foreground as children of this object, so nothing outlives it. Settings
+are chosen to make remediation fast to observe: a requeued job restarts within seconds
+(`cred_expire`, `sched_interval`), SIGTERM grace is `KillWait`, and a node set DOWN by hand stays
+DOWN (`ReturnToService=1`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "squeue", "sbatch")
+
+
+def missing_binaries(with_rest: bool = False) -> list[str]:
+    needed = REQUIRED_BINARIES + (("slurmrestd",) if with_rest else ())
+    search = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
+    return [b for b in needed if shutil.which(b, path=search) is None]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class SlurmStartError(RuntimeError):
+    pass
+
+
+class LocalSlurmCluster:
+    def __init__(self, nodes: Sequence[str] = ("gpu-a", "gpu-b", "gpu-c"), *, workdir: Path | None = None,
+                 kill_wait_s: int = 5, with_rest: bool = False, cpus: int = 2) -> None:
+        self.nodes = list(nodes)
+        self._own_dir = workdir is None
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="fleetmedic-slurm-"))
+        self.kill_wait_s = kill_wait_s
+        self.with_rest = with_rest
+        self.cpus = cpus
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.conf = self.dir / "slurm.conf"
+        self.ctld_port = free_port()
+        self.node_ports = {name: free_port() for name in self.nodes}
+        self.rest_port = free_port() if with_rest else None
+        self.jwt_key = self.dir / "jwt.key"
+        self.cluster_name = "fm" + secrets.token_hex(3)
+
+    # -- paths and environment --
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a client of this cluster (scontrol, the activities) needs in its environment."""
+        env = {"SLURM_CONF": str(self.conf)}
+        if self.with_rest:
+            env["FLEETMEDIC_SLURMRESTD_URL"] = self.rest_url
+            env["SLURM_JWT"] = self.token()
+        return env
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    def _write_config(self) -> None:
+        # slurmrestd runs as nobody and must read slurm.conf: mkdtemp's 0700 would hide it.
+        self.dir.chmod(0o755)
+        munge = self.dir / "munge"
+        for sub in ("state", "spool", "log", "checkpoints"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        munge.mkdir(exist_ok=True)
+        munge.chmod(0o755)  # munged refuses a socket dir others cannot traverse
+        key = munge / "munge.key"
+        key.write_bytes(secrets.token_bytes(128))
+        key.chmod(0o600)
+        self.jwt_key.write_bytes(secrets.token_bytes(32))
+        self.jwt_key.chmod(0o600)
+        d = self.dir
+        lines = [
+            f"ClusterName={self.cluster_name}",
+            "SlurmctldHost=localhost(127.0.0.1)",
+            f"SlurmctldPort={self.ctld_port}",
+            "SlurmUser=root", "SlurmdUser=root",
+            f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={d}/spool/%n",
+            f"SlurmctldPidFile={d}/slurmctld.pid", f"SlurmdPidFile={d}/slurmd-%n.pid",
+            f"SlurmctldLogFile={d}/log/slurmctld.log", f"SlurmdLogFile={d}/log/slurmd-%n.log",
+            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "MpiDefault=none",
+            # A node FleetMedic set DOWN stays DOWN until FleetMedic resumes it.
+            "ReturnToService=1",
+            "AuthType=auth/munge", "CredType=cred/munge",
+            # A short credential lifetime lets a requeued job start again within seconds.
+            f"AuthInfo=socket={munge}/munge.socket,cred_expire=5",
+            "AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={self.jwt_key}",
+            "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "SchedulerParameters=bf_interval=1,sched_interval=1",
+            f"KillWait={self.kill_wait_s}", "MinJobAge=600", "JobRequeue=1",
+            "SlurmctldTimeout=10", "SlurmdTimeout=30", "InactiveLimit=0", "Waittime=0",
+        ]
+        for name, port in self.node_ports.items():
+            lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
+                         f"CPUs={self.cpus} State=UNKNOWN")
+        lines.append("PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        self.conf.write_text("\n".join(lines) + "\n")
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        log = open(self.dir / "log" / f"{name}.out", "wb")
+        self.procs[name] = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "SLURM_CONF": str(self.conf), **(env or {})},
+        )
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 15) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), env={**os.environ, "SLURM_CONF": str(self.conf)}, text=True,
+                              capture_output=True, check=check, timeout=timeout)
+
+    # -- lifecycle --
+
+    def start(self, timeout_s: float = 20) -> LocalSlurmCluster:
+        missing = missing_binaries(self.with_rest)
+        if missing:
+            raise SlurmStartError(f"Slurm is not installed here: missing {', '.join(missing)}")
+        self._write_config()
+        munge = self.dir / "munge"
+        self._spawn("munged", ["munged", "-F", "--force", f"--socket={munge}/munge.socket",
+                               f"--key-file={munge}/munge.key", f"--pid-file={munge}/munged.pid",
+                               f"--seed-file={munge}/munged.seed", "--num-threads=4"])
+        self._wait_for(lambda: (munge / "munge.socket").exists(), 5, "munged socket")
+        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+        for name in self.nodes:
+            self._spawn(f"slurmd-{name}", ["slurmd", "-D", "-N", name, "-f", str(self.conf)])
+        self._wait_for(self._all_idle, timeout_s, "all nodes idle")
+        if self.with_rest:
+            # slurmrestd refuses to run as root; it drops to nobody and reads the JWT key as root
+            # at start. Data parser v0.0.38 is the newest one 22.05 ships.
+            self._spawn("slurmrestd", ["slurmrestd", "-u", "nobody", "-g", "nogroup", "-a", "rest_auth/jwt",
+                                       "-s", "openapi/v0.0.38", f"127.0.0.1:{self.rest_port}"],
+                        env={"SLURM_JWT": "daemon"})
+            self._wait_for(self._rest_up, timeout_s, "slurmrestd")
+        return self
+
+    def _check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                log = (self.dir / "log" / f"{name}.out").read_text(errors="replace")[-2000:]
+                raise SlurmStartError(f"{name} exited with {proc.returncode}:\n{log}")
+
+    def _wait_for(self, predicate: object, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                if predicate():  # type: ignore[operator]
+                    return
+            except (subprocess.SubprocessError, OSError):
+                pass
+            time.sleep(0.1)
+        raise SlurmStartError(f"timed out waiting for {what} in {self.dir}")
+
+    def _all_idle(self) -> bool:
+        out = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False, timeout=5).stdout.split("\n")
+        states = dict(line.split() for line in out if line.strip())
+        return all(states.get(n) == "idle" for n in self.nodes)
+
+    def _rest_up(self) -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.rest_port or 0)) == 0
+
+    def token(self, lifespan_s: int = 86400) -> str:
+        out = self.run("scontrol", "token", f"lifespan={lifespan_s}").stdout.strip()
+        return out.split("=", 1)[1]
+
+    def stop(self) -> None:
+        # Jobs run under slurmstepd, which outlives slurmd: cancel them while the daemons still run.
+        if self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
+            try:
+                self.run("scancel", "--full", "--quiet", "--user=root", check=False, timeout=5)
+            except subprocess.SubprocessError:
+                pass
+        for proc in reversed(list(self.procs.values())):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        self.procs.clear()
+        # Job scripts run by slurmstepd are children of slurmd's session; make sure none linger.
+        subprocess.run(["pkill", "-f", f"{self.dir}/"], check=False, capture_output=True)
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalSlurmCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- test helpers --
+
+    def submit(self, script: str, *args: str) -> int:
+        path = self.dir / f"job-{secrets.token_hex(4)}.sh"
+        path.write_text(script)
+        path.chmod(0o755)
+        out = self.run("sbatch", "--parsable", "--requeue", "-o", str(self.dir / "log" / "job-%j.out"),
+                       *args, str(path)).stdout.strip()
+        return int(out.split(";")[0])

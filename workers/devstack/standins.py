@@ -1,0 +1,200 @@
+"""HTTP stand-ins for what cannot run here: Slack's Web API and an `http` node provider.
+
+Each serves on 127.0.0.1 from its own thread, records every request it received, and can be
+told to fail the next N requests (a status, a Slack error, or a delay for timeouts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class Failure:
+    status: int = 500
+    times: int = 1
+    delay_s: float = 0.0
+    body: Any = None
+
+
+class ThreadedServer:
+    """An aiohttp app on a loopback port, on its own loop in a thread."""
+
+    def __init__(self) -> None:
+        self.requests: list[Recorded] = []
+        self.failures: list[Failure] = []
+        self.lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=type(self).__name__)
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = dict(await request.post()) if raw else None
+        with self.lock:
+            self.requests.append(Recorded(request.method, request.path, dict(request.headers), body))
+            failure = next((f for f in self.failures if f.times > 0), None)
+            if failure is not None:
+                failure.times -= 1
+        if failure is not None:
+            if failure.delay_s:
+                await asyncio.sleep(failure.delay_s)
+            if failure.status:
+                return web.json_response(failure.body or {"error": "injected"}, status=failure.status)
+        request["body"] = body
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    def fail_next(self, status: int = 500, times: int = 1, delay_s: float = 0.0, body: Any = None) -> None:
+        with self.lock:
+            self.failures.append(Failure(status=status, times=times, delay_s=delay_s, body=body))
+
+    async def _start(self) -> None:
+        app = web.Application(middlewares=[self._middleware])
+        self.routes(app)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def start(self) -> ThreadedServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def __enter__(self) -> ThreadedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class SlackStandIn(ThreadedServer):
+    """`chat.postMessage` as Slack answers it: ok, channel, ts; thread replies keep thread_ts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[dict[str, Any]] = []
+        self._ts = itertools.count(1)
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/api/chat.postMessage", self._post_message)
+
+    @property
+    def api_url(self) -> str:
+        return f"{self.url}/api/"
+
+    async def _post_message(self, request: web.Request) -> web.Response:
+        body = request["body"] or {}
+        if not request.headers.get("Authorization", "").startswith("Bearer "):
+            return web.json_response({"ok": False, "error": "not_authed"})
+        if not body.get("channel"):
+            return web.json_response({"ok": False, "error": "channel_not_found"})
+        ts = f"{int(time.time())}.{next(self._ts):06d}"
+        message = {"channel": body["channel"], "ts": ts, "text": body.get("text", ""),
+                   "thread_ts": body.get("thread_ts"), "blocks": body.get("blocks")}
+        with self.lock:
+            self.messages.append(message)
+        return web.json_response({"ok": True, "channel": body["channel"], "ts": ts, "message": message})
+
+    def threads(self) -> dict[str, list[dict[str, Any]]]:
+        """Top-level messages by ts, each with its replies."""
+        with self.lock:
+            tops = {m["ts"]: [m] for m in self.messages if not m["thread_ts"]}
+            for m in self.messages:
+                if m["thread_ts"] in tops:
+                    tops[m["thread_ts"]].append(m)
+        return tops
+
+
+@dataclass
+class ProviderRequestRecord:
+    id: str
+    key: str
+    body: dict[str, Any]
+    status: str = "accepted"
+    created: float = field(default_factory=time.time)
+
+
+class ProviderStandIn(ThreadedServer):
+    """The `http` provider contract of docs/http-provider.md, with idempotency keys."""
+
+    def __init__(self, token: str | None = None) -> None:
+        super().__init__()
+        self.token = token
+        self.by_key: dict[str, ProviderRequestRecord] = {}
+        self._ids = itertools.count(1)
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/requests", self._create)
+        app.router.add_get("/v1/requests/{id}", self._get)
+
+    def _authorized(self, request: web.Request) -> bool:
+        return self.token is None or request.headers.get("Authorization") == f"Bearer {self.token}"
+
+    async def _create(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        key = request.headers.get("Idempotency-Key")
+        body = request["body"] or {}
+        if not key:
+            return web.json_response({"error": "Idempotency-Key header is required"}, status=400)
+        missing = [f for f in ("cluster", "node", "action") if not body.get(f)]
+        if missing or body.get("action") not in ("replace", "reboot", "rma"):
+            return web.json_response({"error": f"bad request: {missing or body.get('action')}"}, status=400)
+        with self.lock:
+            existing = self.by_key.get(key)
+            if existing is not None:
+                if existing.body != body:
+                    return web.json_response({"error": "idempotency key reused for another request"}, status=409)
+                return web.json_response(self._view(existing), status=200)
+            record = ProviderRequestRecord(id=f"req-{next(self._ids)}", key=key, body=body)
+            self.by_key[key] = record
+        return web.json_response(self._view(record), status=202)
+
+    async def _get(self, request: web.Request) -> web.Response:
+        with self.lock:
+            record = next((r for r in self.by_key.values() if r.id == request.match_info["id"]), None)
+        if record is None:
+            return web.json_response({"error": "not found"}, status=404)
+        return web.json_response(self._view(record))
+
+    @staticmethod
+    def _view(record: ProviderRequestRecord) -> dict[str, Any]:
+        return {"id": record.id, "status": record.status, **record.body}
+
+    def accepted(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [r.body for r in self.by_key.values()]

@@ -1,0 +1,122 @@
+"""`fleetmedic worker`: the Temporal worker that runs every runbook and its activities.
+
+Activities use blocking clients (kubernetes, scontrol, slack-sdk), so they run on a thread pool
+sized by FLEETMEDIC_ACTIVITY_THREADS. SIGTERM/SIGINT shut down gracefully: no new tasks are
+polled, running activities get `graceful_shutdown_timeout` to finish, and whatever is cut short
+is retried by Temporal on another worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import signal
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from functools import cache
+from typing import Any
+
+from kubernetes.client import ApiClient
+from temporalio.client import Client
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from activities.agent import AgentActivities
+from activities.config import ConfigActivities
+from activities.kubernetes import KubernetesActivities, load_api_client
+from activities.providers import ProviderActivities, make_provider
+from activities.slack import SlackActivities
+from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
+from activities.storage import StorageActivities
+from fleetmedic.models import RunContext
+from fleetmedic.policy import Policy, load_policy
+from fleetmedic.settings import Settings
+from workers.temporal_client import connect, ensure_search_attributes
+from workflows import WORKFLOWS
+
+log = logging.getLogger(__name__)
+
+
+def slurm_enabled(settings: Settings) -> bool:
+    if settings.slurm == "auto":
+        return shutil.which("scontrol") is not None
+    return settings.slurm == "on"
+
+
+def build_activities(settings: Settings, policy: Policy,
+                     api_client: Callable[[], ApiClient] | None = None) -> list[Callable[..., Any]]:
+    """Every activity the runbooks call, wired to the systems `settings` names."""
+    kube_client = api_client or cache(lambda: load_api_client(settings.kubeconfig))
+    dry = settings.dry_run
+    kubernetes = KubernetesActivities(kube_client, policy, timeout_s=settings.kube_timeout_s, force_dry_run=dry)
+    cli = SlurmCli(settings.slurm_conf, settings.slurm_timeout_s)
+    reader = (SlurmRest(settings.slurmrestd_url, settings.slurm_jwt or "", settings.slurm_user,
+                        settings.slurm_timeout_s) if settings.slurmrestd_url else None)
+    slurm = SlurmActivities(cli, reader, force_dry_run=dry)
+    provider = make_provider(policy.provider, kube_client, token=settings.provider_token,
+                             kube_timeout_s=settings.kube_timeout_s)
+    context = RunContext(slurm_enabled=slurm_enabled(settings), agent_configured=bool(settings.agent_url),
+                         provider=provider.name, provider_supports=sorted(provider.supports))
+    groups = [
+        ConfigActivities(policy, context, force_dry_run=dry),
+        kubernetes,
+        slurm,
+        StorageActivities(policy.storage),
+        ProviderActivities(provider, force_dry_run=dry),
+        SlackActivities(settings.slack_bot_token, settings.slack_channel or policy.notify.slack_channel,
+                        settings.slack_api_url),
+        AgentActivities(settings.agent_url, settings.agent_token, force_dry_run=dry),
+    ]
+    return [fn for group in groups for fn in group.activities()]
+
+
+def sandbox_runner() -> SandboxedWorkflowRunner:
+    # The domain package and pydantic are deterministic and import-heavy: pass them through.
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(
+        "pydantic", "pydantic_core", "fleetmedic", "yaml", "annotated_types"))
+
+
+def build_worker(client: Client, settings: Settings, policy: Policy, *,
+                 api_client: Callable[[], ApiClient] | None = None,
+                 workflows: Sequence[type] | None = None,
+                 executor: ThreadPoolExecutor | None = None) -> Worker:
+    executor = executor or ThreadPoolExecutor(max_workers=settings.activity_threads,
+                                              thread_name_prefix="fleetmedic-activity")
+    return Worker(
+        client, task_queue=settings.task_queue,
+        workflows=list(workflows or WORKFLOWS),
+        activities=build_activities(settings, policy, api_client),
+        activity_executor=executor,
+        max_concurrent_activities=settings.activity_threads,
+        workflow_runner=sandbox_runner(),
+        graceful_shutdown_timeout=timedelta(seconds=30),
+    )
+
+
+def metrics_runtime(port: int) -> Runtime | None:
+    """The SDK's own metrics (task latency, slots, workflow outcomes) on /metrics at `port`."""
+    if port == 0:
+        return None
+    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"0.0.0.0:{port}")))
+
+
+async def run_worker(settings: Settings, policy: Policy | None = None, stop: asyncio.Event | None = None) -> None:
+    policy = policy or load_policy(settings.policy_path)
+    client = await connect(runtime=metrics_runtime(settings.metrics_port))
+    try:
+        await ensure_search_attributes(client)
+    except Exception:
+        log.warning("continuing without registering search attributes; runbooks that upsert them will fail")
+    worker = build_worker(client, settings, policy)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("worker polling %s on %s (namespace %s)", settings.task_queue,
+             client.service_client.config.target_host, client.namespace)
+    async with worker:
+        await stop.wait()
+        log.info("shutting down: finishing running activities (up to 30 s)")

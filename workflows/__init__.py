@@ -1,0 +1,5 @@
+"""Runbooks as Temporal workflows: what happens, in order. Deterministic, no I/O."""
+
+from workflows.xid_recovery import XidRecovery
+
+WORKFLOWS: list[type] = [XidRecovery]

@@ -1,0 +1,260 @@
+"""The runbook engine every FleetMedic workflow stands on.
+
+A `Runbook` owns one incident. It gives each runbook, without repeating it:
+- operator controls: query `status`; signals `pause`, `resume`, `abort`, `alert` (a duplicate or
+  resolved alert attaches here), `answer` (retry / skip / abort an escalation), `replaced`;
+- `call()`: one activity with its timeout and a bounded retry policy; when the retries run out
+  the step escalates (Slack mention) and waits for an operator's answer instead of vanishing;
+- the safety gate before every destructive step: a paused run waits, the opt-out label is
+  checked again, and shadow (dry-run) runs record "would …" instead of acting;
+- the Slack thread of the run and the `FleetStep` / `FleetOutcome` search attributes.
+
+No I/O here: everything external is an activity, referenced by name so the sandbox never
+imports a client library.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributePair
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from fleetmedic import ids
+    from fleetmedic.errors import NON_RETRYABLE
+    from fleetmedic.models import (
+        ActionResult,
+        Alert,
+        Escalation,
+        EscalationAnswer,
+        NotifyResult,
+        NotifyStart,
+        NotifyStep,
+        Operator,
+        OptOut,
+        Replaced,
+        RunbookStatus,
+        StepRecord,
+    )
+    from fleetmedic.policy import Policy
+
+T = TypeVar("T")
+
+# Reads are cheap and safe to repeat; writes get fewer attempts so a broken system escalates
+# to a human within minutes rather than hammering it for hours.
+READ_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=20),
+                         maximum_attempts=8, non_retryable_error_types=list(NON_RETRYABLE))
+WRITE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30),
+                          maximum_attempts=5, non_retryable_error_types=list(NON_RETRYABLE))
+NOTIFY_RETRY = RetryPolicy(maximum_attempts=2)
+SHORT = timedelta(seconds=30)
+NO_ARG: Any = object()  # `call(..., NO_ARG, ...)` for activities that take no argument
+
+
+class RunbookAborted(Exception):
+    """An operator aborted the run (or an escalation); the runbook ends in `aborted`."""
+
+    def __init__(self, by: str, reason: str) -> None:
+        super().__init__(f"aborted by {by}: {reason}")
+        self.by, self.reason = by, reason
+
+
+class Runbook:
+    """Base class of every runbook workflow: state, operator handlers and step helpers."""
+
+    runbook = "runbook"
+
+    def _init_state(self, cluster: str, node: str, workflow_id: str, dry_run: bool) -> None:
+        self.cluster, self.node, self.workflow_id = cluster, node, workflow_id
+        self.dry_run = dry_run
+        self.policy: Policy | None = None
+        self.step_name = "starting"
+        self.waiting_for: str | None = None
+        self.paused: Operator | None = None
+        self.abort_request: Operator | None = None
+        self.escalation: Escalation | None = None
+        self.escalation_answer: EscalationAnswer | None = None
+        self.replaced_signal: Replaced | None = None
+        self.alerts: list[Alert] = []
+        self.decisions: list[StepRecord] = []
+        self.actions: list[ActionResult] = []
+        self.outcome: str | None = None
+        self.thread: NotifyResult | None = None
+
+    # --- operator handlers --------------------------------------------------------------------
+
+    @workflow.query
+    def status(self) -> RunbookStatus:
+        return RunbookStatus(
+            runbook=self.runbook, workflow_id=self.workflow_id, cluster=self.cluster, node=self.node,
+            step=self.step_name, waiting_for=self.waiting_for, dry_run=self.dry_run, paused=self.paused,
+            escalation=self.escalation, outcome=self.outcome, decisions=list(self.decisions),
+            actions=[a.summary for a in self.actions],
+        )
+
+    @workflow.signal
+    def pause(self, operator: Operator) -> None:
+        self.paused = operator
+
+    @workflow.signal
+    def resume(self, operator: Operator) -> None:
+        self.paused = None
+
+    @workflow.signal
+    def abort(self, operator: Operator) -> None:
+        self.abort_request = operator
+
+    @workflow.signal
+    def alert(self, alert: Alert) -> None:
+        """A duplicate, repeated or resolved alert for the incident this run owns."""
+        self.alerts.append(alert)
+
+    @workflow.signal
+    def answer(self, answer: EscalationAnswer) -> None:
+        if self.escalation is not None:
+            self.escalation_answer = answer
+
+    @workflow.signal
+    def replaced(self, replaced: Replaced) -> None:
+        self.replaced_signal = replaced
+
+    # --- bookkeeping --------------------------------------------------------------------------
+
+    def decide(self, step: str, result: str) -> None:
+        """Record a decision with its reason: the status query, the audit and the UI show it."""
+        self.decisions.append(StepRecord(step=step, at=workflow.now(), result=result))
+        workflow.logger.info("%s: %s", step, result)
+
+    def enter(self, step: str) -> None:
+        self.step_name = step
+        self.waiting_for = None
+        workflow.set_current_details(f"**{step}**" + (" (shadow mode)" if self.dry_run else ""))
+        workflow.upsert_search_attributes([SearchAttributePair(ids.FLEET_STEP, step)])
+
+    def finish(self, outcome: str) -> str:
+        self.outcome = outcome
+        self.step_name = "done"
+        workflow.upsert_search_attributes([SearchAttributePair(ids.FLEET_OUTCOME, outcome),
+                                           SearchAttributePair(ids.FLEET_STEP, "done")])
+        return outcome
+
+    def check_abort(self) -> None:
+        if self.abort_request is not None:
+            raise RunbookAborted(self.abort_request.by, self.abort_request.reason)
+
+    async def wait(self, what: str, condition: Any, timeout: timedelta | None = None) -> bool:
+        """wait_condition that also wakes up for an abort, and says what it waits for."""
+        self.waiting_for = what
+        try:
+            await workflow.wait_condition(lambda: bool(condition()) or self.abort_request is not None,
+                                          timeout=timeout)
+            self.check_abort()
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.waiting_for = None
+
+    # --- activities ---------------------------------------------------------------------------
+
+    async def call(self, step: str, activity: str, arg: Any, result_type: type[T], *,
+                   timeout: timedelta = SHORT, retry: RetryPolicy = READ_RETRY,
+                   heartbeat: timedelta | None = None, summary: str | None = None,
+                   escalate: bool = True) -> T | None:
+        """Run one activity; when its retries are exhausted, escalate and wait for an answer.
+
+        Returns None when the operator answered `skip`.
+        """
+        while True:
+            self.check_abort()
+            try:
+                result: T = await workflow.execute_activity(
+                    activity, args=[] if arg is NO_ARG else [arg], result_type=result_type, start_to_close_timeout=timeout,
+                    heartbeat_timeout=heartbeat, retry_policy=retry, summary=summary or f"{step}: {activity}",
+                )
+            except ActivityError as err:
+                if not escalate:
+                    raise
+                answer = await self.escalate(step, _describe(err))
+                if answer.action == "retry":
+                    continue
+                if answer.action == "skip":
+                    self.decide(step, f"skipped by {answer.by}: {answer.reason}")
+                    return None
+                raise RunbookAborted(answer.by, answer.reason or f"abandoned at {step}") from err
+            if isinstance(result, ActionResult):
+                self.actions.append(result)
+            return result
+
+    async def act(self, step: str, activity: str, arg: Any, *, timeout: timedelta = SHORT,
+                  heartbeat: timedelta | None = None) -> ActionResult | None:
+        """A mutating activity: returns what it did, or would have done in shadow mode."""
+        result = await self.call(step, activity, arg, ActionResult, timeout=timeout, retry=WRITE_RETRY,
+                                 heartbeat=heartbeat)
+        if result is not None:
+            self.decide(step, result.summary)
+        return result
+
+    async def escalate(self, step: str, error: str) -> EscalationAnswer:
+        """Tell a human (Slack mention) and wait for `answer`; remind every `reminder`."""
+        self.escalation = Escalation(step=step, error=error, since=workflow.now())
+        self.escalation_answer = None
+        mention = self.policy.escalation.slack_mention if self.policy else None
+        reminder = self.policy.escalation.reminder if self.policy else timedelta(hours=1)
+        self.decide(step, f"escalated: {error}")
+        await self.say(f":rotating_light: *{step}* failed after its retries: {error}. "
+                       f"Answer with `retry`, `skip` or `abort` (signal `answer`).", mention=mention)
+        while not await self.wait(f"an operator's answer to the escalation of {step}",
+                                  lambda: self.escalation_answer is not None, timeout=reminder):
+            await self.say(f"still waiting for an answer about *{step}*: {error}", mention=mention)
+        answer = self.escalation_answer
+        assert answer is not None
+        self.escalation = self.escalation.model_copy(update={"answered_by": answer.by, "answer": answer.action})
+        self.decide(step, f"{answer.by} answered {answer.action}" + (f": {answer.reason}" if answer.reason else ""))
+        self.escalation = None
+        return answer
+
+    # --- safety gate --------------------------------------------------------------------------
+
+    async def before_destructive(self, step: str) -> OptOut:
+        """Right before each destructive step: wait out a pause, then re-check the opt-out."""
+        if self.paused is not None:
+            await self.say(f":double_vertical_bar: paused by {self.paused.by} before *{step}*: {self.paused.reason}")
+            await self.wait(f"resume (paused by {self.paused.by}: {self.paused.reason})",
+                            lambda: self.paused is None)
+        opt_out = await self.call(f"{step}: opt-out check", "k8s.check_opt_out", self.node, OptOut)
+        if opt_out is None:  # the operator skipped the check: treat as opted out, to be safe
+            return OptOut(opted_out=True, reasons=["opt-out check skipped by an operator"])
+        return opt_out
+
+    # --- Slack --------------------------------------------------------------------------------
+
+    async def open_thread(self, text: str) -> None:
+        self.thread = await workflow.execute_activity(
+            "slack.notify_start", NotifyStart(workflow_id=self.workflow_id, runbook=self.runbook, node=self.node,
+                                              text=text, dry_run=self.dry_run),
+            result_type=NotifyResult, start_to_close_timeout=SHORT, retry_policy=NOTIFY_RETRY,
+            summary="notify: open the Slack thread")
+
+    async def say(self, text: str, mention: str | None = None) -> None:
+        """A thread reply; notifications never fail the runbook."""
+        if self.thread is None or not self.thread.delivered:
+            return
+        try:
+            await workflow.execute_activity(
+                "slack.notify_step", NotifyStep(channel=self.thread.channel, thread_ts=self.thread.ts, text=text,
+                                                mention=mention),
+                result_type=NotifyResult, start_to_close_timeout=SHORT, retry_policy=NOTIFY_RETRY,
+                summary="notify: thread reply")
+        except ActivityError:
+            workflow.logger.warning("slack reply failed; continuing")
+
+
+def _describe(err: ActivityError) -> str:
+    cause = err.cause
+    if isinstance(cause, ApplicationError):
+        return f"{cause.type or 'error'}: {cause.message}"
+    return str(cause or err)

@@ -1,0 +1,187 @@
+"""xid-recovery: from an XID alert to the node back in service and the job resumed.
+
+The flow of the Crusoe AutoClusters talk. A GPU throws XID 79, nobody is paged:
+
+1. classify the XID with the policy's catalog (bursts and repeats change the answer);
+2. open the run's Slack thread ("no action required");
+3. take a disruption lease;
+4. Slurm: node DOWN with a `fleetmedic:` reason, running jobs get SIGTERM;
+5. grace: until each job checkpointed after the signal, or left, or the policy grace ends;
+6. every affected job requeued, and where it resumes from recorded;
+7. cordon and drain the Kubernetes node;
+8. remediate: replace through the provider, or reset the GPU (agent, else reboot/replace);
+9. wait for the node Ready again and validated by the node agent;
+10. return to service (uncordon, Slurm RESUME), release the lease;
+11. confirm the requeued jobs run again, and record the outcome.
+
+Notify-class XIDs touch nothing: the run stays open for the burst window and counts repeats
+on the GPU (a second alert attaches here), escalating to diagnosis on a burst, or going down
+the remediation path if a destructive XID arrives meanwhile.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+
+from workflows.node_steps import NodeRunbook, OptedOut
+from workflows.runbook import RunbookAborted
+
+with workflow.unsafe.imports_passed_through():
+    from fleetmedic.models import Alert, NodeInfo, NodeRunbookInput, SlurmNodeState
+    from fleetmedic.xid import XidAction, XidClassification, classify_xid
+
+
+@workflow.defn(name="xid-recovery")
+class XidRecovery(NodeRunbook):
+    runbook = "xid-recovery"
+
+    @workflow.init
+    def __init__(self, input: NodeRunbookInput) -> None:
+        self._init_state(input.cluster, input.node, workflow.info().workflow_id, input.dry_run)
+        self.input = input
+        if input.alert is not None:
+            self.alerts.append(input.alert)
+
+    @workflow.run
+    async def run(self, input: NodeRunbookInput) -> str:
+        try:
+            return await self.recover(input)
+        except OptedOut as opted:
+            return await self.stop_for_opt_out(opted)
+        except RunbookAborted as aborted:
+            if self.mutated:
+                await self.leave_quarantined(f"run aborted by {aborted.by}: {aborted.reason}")
+            return await self.record_outcome("aborted", f"aborted by {aborted.by}: {aborted.reason}", warning=True)
+
+    async def recover(self, input: NodeRunbookInput) -> str:
+        await self.load(input.xid)
+        if input.xid is None:
+            raise RunbookAborted("fleetmedic", "xid-recovery needs an XID")
+        verdict = self.classify(input.xid, input.gpu)
+
+        self.enter("notify")
+        await self.open_thread(f"XID {input.xid} on GPU {_gpu(input.gpu)} of `{self.node}`: {verdict.reason}")
+
+        if not verdict.destructive:
+            verdict = await self.watch_without_action(verdict)
+            if not verdict.destructive:
+                return self.outcome or "notified"
+        return await self.remediate(verdict, input.gpu)
+
+    # --- 1. classify ------------------------------------------------------------------------------
+
+    def classify(self, xid: int, gpu: int | None) -> XidClassification:
+        assert self.policy is not None
+        self.enter("classify")
+        earlier = [a.starts_at or workflow.now() for a in self.alerts[:-1]
+                   if a.status == "firing" and _label_int(a, "xid") == xid and _label_int(a, "gpu") == gpu]
+        verdict = classify_xid(
+            xid, self.policy.xid.catalog, unknown_action=self.policy.xid.unknown_action,
+            application_burst=self.policy.xid.application_burst, reset_repeat=self.policy.xid.reset_repeat,
+            recent=earlier, now=workflow.now(), linked_xid=self.input.linked_xid)
+        self.decide("classify", verdict.reason)
+        return verdict
+
+    # --- notify-only path ----------------------------------------------------------------------------
+
+    async def watch_without_action(self, verdict: XidClassification) -> XidClassification:
+        """Touch nothing. Keep the run open for the burst window so repeats are counted here."""
+        assert self.policy is not None
+        if verdict.action is XidAction.IGNORE:
+            await self.record_outcome("ignored", verdict.reason)
+            return verdict
+        if verdict.action is XidAction.NVLINK:
+            await self.record_outcome("notified", f"{verdict.reason}: the nvlink-fault-replace runbook owns "
+                                                  "NVLink faults; no action here")
+            return verdict
+        if verdict.action is XidAction.DIAGNOSE:
+            return await self._escalate_burst(verdict)
+
+        window = self.policy.xid.application_burst.window
+        deadline = workflow.now() + window
+        seen = len(self.alerts)
+        self.enter("watch for repeats")
+        while await self.wait(f"repeats of XID {verdict.xid} until {deadline.isoformat()}",
+                              lambda s=seen: len(self.alerts) > s,  # type: ignore[misc]
+                              timeout=max(deadline - workflow.now(), timedelta(seconds=1))):
+            fresh = self.alerts[seen:]
+            seen = len(self.alerts)
+            for alert in fresh:
+                xid, gpu = _label_int(alert, "xid"), _label_int(alert, "gpu")
+                self.decide("watch for repeats", f"alert attached: {alert.status} XID {xid} on GPU {_gpu(gpu)}")
+                if alert.status != "firing" or xid is None:
+                    continue
+                again = self.classify(xid, gpu)
+                if again.action is XidAction.DIAGNOSE:
+                    return await self._escalate_burst(again)
+                if again.destructive:
+                    self.input = self.input.model_copy(update={"xid": xid, "gpu": gpu})
+                    return again
+        await self.record_outcome("notified", f"{verdict.reason}; no burst within {window}")
+        return verdict
+
+    async def _escalate_burst(self, verdict: XidClassification) -> XidClassification:
+        assert self.policy is not None
+        await self.say(f":mag: {verdict.reason}. Please diagnose `{self.node}`.",
+                       mention=self.policy.escalation.slack_mention)
+        await self.record_outcome("escalated", verdict.reason, warning=True)
+        return verdict
+
+    # --- remediation path ---------------------------------------------------------------------------
+
+    async def remediate(self, verdict: XidClassification, gpu: int | None) -> str:
+        assert self.policy is not None
+        xid, gpu = self.input.xid, self.input.gpu
+        node = await self.call("classify", "k8s.get_node", self.node, NodeInfo)
+        expected_gpus = node.gpu_allocatable if node else None
+        reason = f"fleetmedic: XID {xid} on GPU {_gpu(gpu)} ({self.workflow_id})"
+
+        await self.take_lease()
+        signalled_at = workflow.now()
+        jobs = await self.quarantine_in_slurm(SlurmNodeState.DOWN, reason)
+        await self.grace_for_checkpoints(jobs, signalled_at, self.policy.grace.checkpoint)
+        await self.ensure_requeued(jobs)
+        await self.cordon_and_drain(reason)
+
+        requested_at = workflow.now()
+        why = f"XID {xid} on GPU {_gpu(gpu)} of {self.node}: {verdict.reason}"
+        if verdict.action is XidAction.REPLACE:
+            await self.ask_provider("replace", why)
+        else:
+            await self.reset_gpu(gpu or 0, why)
+
+        if not await self.wait_back_and_validate(requested_at, expected_gpus):
+            await self.leave_quarantined(f"not back in service after XID {xid}: see {self.workflow_id}")
+            await self.release_lease()
+            return await self.record_outcome("quarantined", f"node {self.node} did not come back healthy; "
+                                                            "left out of service", warning=True)
+        await self.return_to_service(resume_slurm=True)
+        await self.release_lease()
+        stuck = await self.confirm_jobs_resumed(jobs)
+        summary = f"XID {xid} on GPU {_gpu(gpu)}: {verdict.action}; node back in service"
+        if jobs:
+            summary += f"; {len(jobs) - len(stuck)}/{len(jobs)} job(s) resumed"
+        return await self.record_outcome("remediated", summary, warning=bool(stuck))
+
+    async def stop_for_opt_out(self, opted: OptedOut) -> str:
+        assert self.policy is not None
+        text = f"opted out before {opted.step}: {'; '.join(opted.reasons)}"
+        if self.mutated:
+            # Something was already done: leave it as it is, say so, and ask a human.
+            await self.say(f":warning: {text}. Steps already taken are left in place.",
+                           mention=self.policy.escalation.slack_mention)
+        return await self.record_outcome("opted-out", text, warning=self.mutated)
+
+
+def _gpu(gpu: int | None) -> str:
+    return "?" if gpu is None else str(gpu)
+
+
+def _label_int(alert: Alert, name: str) -> int | None:
+    value = alert.labels.get(name)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
