@@ -1,13 +1,8 @@
-"""Helpers shared by the workflow tests: a worker wired to the stand-ins, and a test 'controller'
-that plays the node provider's part (a replaced node goes NotReady, then Ready again)."""
+"""Helpers shared by the workflow tests: a worker wired to the stand-ins, a quick policy, a Slurm job."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +12,7 @@ from temporalio.worker import Worker
 
 from fleetmedic.policy import Policy, parse_policy
 from fleetmedic.settings import Settings
+from workers.devstack.controllers import provider_controller, set_ready
 from workers.devstack.kube_emulator import KubeEmulatorThread
 from workers.devstack.slurm_cluster import LocalSlurmCluster
 from workers.devstack.standins import ProviderStandIn, SlackStandIn
@@ -77,45 +73,6 @@ def worker_for(client: Client, settings: Settings, policy: Policy) -> Worker:
     return build_worker(client, settings, policy)
 
 
-def set_ready(kube: KubeEmulatorThread, node: str, ready: bool) -> None:
-    obj = kube.emulator.get("v1", "Node", node)
-    assert obj is not None, f"node {node} does not exist"
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    for condition in obj["status"]["conditions"]:
-        if condition["type"] == "Ready":
-            condition["status"] = "True" if ready else "False"
-            condition["lastTransitionTime"] = now
-    kube.emulator.put(obj)
-
-
-@contextmanager
-def provider_controller(kube: KubeEmulatorThread, provider: ProviderStandIn,
-                        delay_s: float = 1.0) -> Iterator[list[str]]:
-    """Play the provider: each accepted request takes its node NotReady, then Ready again."""
-    handled: list[str] = []
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            for request in provider.accepted():
-                key = f"{request['node']}:{request['action']}"
-                if key in handled:
-                    continue
-                handled.append(key)
-                set_ready(kube, request["node"], False)
-                time.sleep(delay_s)
-                set_ready(kube, request["node"], True)
-            stop.wait(0.2)
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
-        yield handled
-    finally:
-        stop.set()
-        thread.join(5)
-
-
 def job_on(slurm: LocalSlurmCluster, job_id: int, timeout_s: float = 20) -> str:
     """Wait until the job runs and return its node."""
     deadline = time.monotonic() + timeout_s
@@ -125,3 +82,6 @@ def job_on(slurm: LocalSlurmCluster, job_id: int, timeout_s: float = 20) -> str:
             return out[1]
         time.sleep(0.2)
     raise AssertionError(f"job {job_id} did not start within {timeout_s}s")
+
+
+__all__ = ["provider_controller", "set_ready"]

@@ -38,18 +38,14 @@ async def test_xid79_replaces_node_and_job_resumes(client: Client, task_queue: s
     settings = settings_for(task_queue, kube, slurm=slurm, slack=slack, provider=provider_http)
     workflow_id = node_workflow_id("xid-recovery", "test", node)
     with provider_controller(kube, provider_http):
-      async with worker_for(client, settings, policy):
-        handle: WorkflowHandle = await client.start_workflow(
-            "xid-recovery", NodeRunbookInput(cluster="test", node=node, gpu=3, xid=79), id=workflow_id,
-            task_queue=task_queue)
-        try:
-            outcome = await asyncio.wait_for(handle.result(), 120)
-        finally:
-            status = await handle.query("status", result_type=RunbookStatus)
-            print(status.step, status.waiting_for, status.escalation)
-            print("\n".join(f"{d.step}: {d.result}" for d in status.decisions))
-    print("\n".join(f"{d.step}: {d.result}" for d in status.decisions))
-    assert outcome == "remediated", status
+        async with worker_for(client, settings, policy):
+            handle: WorkflowHandle = await client.start_workflow(
+                "xid-recovery", NodeRunbookInput(cluster="test", node=node, gpu=3, xid=79), id=workflow_id,
+                task_queue=task_queue, result_type=RunbookStatus)
+            report = await asyncio.wait_for(handle.result(), 120)
+    assert report.outcome == "remediated", report
+    from workers.audit import render_markdown, timeline
+    print(render_markdown(timeline(client, await handle.fetch_history())))
     log = (Path(policy.storage.root) / f"{job}.log").read_text()
     assert "sigterm" in log
     assert log.count("start ") == 2, log

