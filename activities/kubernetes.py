@@ -51,14 +51,21 @@ CONFLICT_RETRIES = 5
 
 
 def load_api_client(kubeconfig: str | None) -> ApiClient:
-    """In-cluster config when running in a pod, else KUBECONFIG / ~/.kube/config."""
+    """In-cluster config when running in a pod, else KUBECONFIG / ~/.kube/config.
+
+    urllib3's own retries are off: a timeout must surface after one `_request_timeout`, and
+    Temporal's retry policy (bounded, visible in the history) does the retrying.
+    """
+    configuration = client.Configuration()
     if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    try:
-        config.load_incluster_config()
-        return ApiClient()
-    except config.ConfigException:
-        return config.new_client_from_config()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)
+    configuration.retries = False
+    return ApiClient(configuration)
 
 
 @contextmanager
@@ -68,6 +75,8 @@ def api_errors(what: str) -> Iterator[None]:
         yield
     except ApiException as exc:
         raise from_http_status(int(exc.status or 500), f"{what}: {exc.reason}") from None
+    except urllib3.exceptions.NewConnectionError as exc:  # (a subclass of ConnectTimeoutError)
+        raise fail(ErrorKind.UNAVAILABLE, f"{what}: API unreachable ({exc})") from None
     except urllib3.exceptions.TimeoutError as exc:
         raise fail(ErrorKind.TIMEOUT, f"{what}: timed out ({exc})") from None
     except urllib3.exceptions.HTTPError as exc:

@@ -400,8 +400,7 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         self._publish(key, "DELETED", obj)
         for callback in list(self.on_change):
             callback("DELETED", copy.deepcopy(obj))
-        return {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success",
-                "details": {"name": name, "kind": key[2], "uid": obj["metadata"]["uid"]}}
+        return copy.deepcopy(obj)  # as the API server does: the object as it was deleted
 
     def _evict(self, key: tuple[str, str, str], namespace: str | None, name: str) -> dict[str, Any]:
         pod = self._require(key, namespace, name)

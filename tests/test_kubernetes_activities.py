@@ -1,0 +1,210 @@
+"""Kubernetes activities against the emulator: happy paths and every error path."""
+
+from __future__ import annotations
+
+import threading
+from functools import cache
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.kubernetes import PRE_CORDONED, KubernetesActivities, load_api_client
+from fleetmedic.models import EventRequest, EvictRequest, NodeTarget, Taint, TaintRequest
+from fleetmedic.policy import Policy
+from workers.devstack import fleet
+from workers.devstack.kube_emulator import KubeEmulatorThread
+
+WF = "xid-recovery/test/n1"
+
+
+@pytest.fixture
+def k8s(kube: KubeEmulatorThread) -> KubernetesActivities:
+    kube.emulator.put(fleet.node("n1"))
+    return KubernetesActivities(cache(lambda: load_api_client(str(kube.kubeconfig))),  # type: ignore[attr-defined]
+                                Policy(), timeout_s=2)
+
+
+def run(fn, *args):  # type: ignore[no-untyped-def]
+    return ActivityEnvironment().run(fn, *args)
+
+
+def node(kube: KubeEmulatorThread, name: str = "n1") -> dict:  # type: ignore[type-arg]
+    obj = kube.emulator.get("v1", "Node", name)
+    assert obj is not None
+    return obj
+
+
+def test_get_node_and_pods(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    kube.emulator.put(fleet.pod("train", "n1", gpus=8))
+    kube.emulator.put(fleet.pod("other", "n2"))
+    info = run(k8s.get_node, "n1")
+    assert info.ready and info.gpu_allocatable == 8 and not info.unschedulable
+    pods = run(k8s.list_pods_on_node, "n1")
+    assert [(p.name, p.gpus) for p in pods] == [("train", 8)]
+
+
+def test_missing_node_is_not_retryable(k8s: KubernetesActivities) -> None:
+    with pytest.raises(ApplicationError) as err:
+        run(k8s.get_node, "ghost")
+    assert err.value.type == "NotFound" and err.value.non_retryable
+
+
+def test_opt_out_on_node_or_pod(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    assert not run(k8s.check_opt_out, "n1").opted_out
+    kube.emulator.put(fleet.pod("precious", "n1", labels={"fleetmedic.io/remediation": "disabled"}))
+    verdict = run(k8s.check_opt_out, "n1")
+    assert verdict.opted_out and "pod default/precious" in verdict.reasons[0]
+
+
+def test_cordon_is_idempotent_and_annotated(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    first = run(k8s.cordon_node, NodeTarget(node="n1", workflow_id=WF, reason="XID 79"))
+    version = node(kube)["metadata"]["resourceVersion"]
+    second = run(k8s.cordon_node, NodeTarget(node="n1", workflow_id=WF, reason="XID 79"))
+    assert first.changed and not second.changed
+    assert node(kube)["metadata"]["resourceVersion"] == version
+    assert node(kube)["spec"]["unschedulable"] is True
+    assert node(kube)["metadata"]["annotations"]["fleetmedic.io/workflow"] == WF
+    with pytest.raises(ApplicationError) as held:  # another run does not take over the node
+        run(k8s.cordon_node, NodeTarget(node="n1", workflow_id="other/run", reason="x"))
+    assert held.value.type == "NotOwned" and held.value.non_retryable
+    assert run(k8s.uncordon_node, NodeTarget(node="n1", workflow_id=WF)).changed
+    assert not node(kube)["spec"].get("unschedulable")
+    assert "fleetmedic.io/workflow" not in node(kube)["metadata"]["annotations"]
+    assert not run(k8s.uncordon_node, NodeTarget(node="n1", workflow_id=WF)).changed
+
+
+def test_someone_elses_cordon_is_kept(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    kube.emulator.put(fleet.node("n1", unschedulable=True))
+    run(k8s.cordon_node, NodeTarget(node="n1", workflow_id=WF, reason="XID 79"))
+    assert node(kube)["metadata"]["annotations"][PRE_CORDONED] == "true"
+    run(k8s.uncordon_node, NodeTarget(node="n1", workflow_id=WF))
+    assert node(kube)["spec"]["unschedulable"] is True  # the human's cordon stays
+    assert PRE_CORDONED not in node(kube)["metadata"]["annotations"]
+
+
+def test_conflict_is_retried_on_the_fresh_object(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    kube.emulator.inject("PATCH", "nodes", status=409, times=2)
+    taint = Taint.parse("fleetmedic.io/degraded=nvlink:NoSchedule")
+    assert run(k8s.add_taint, TaintRequest(node="n1", taint=taint)).changed
+    assert node(kube)["spec"]["taints"] == [{"key": "fleetmedic.io/degraded", "value": "nvlink",
+                                             "effect": "NoSchedule"}]
+    assert not run(k8s.add_taint, TaintRequest(node="n1", taint=taint)).changed
+    assert run(k8s.remove_taint, TaintRequest(node="n1", taint=taint)).changed
+    assert node(kube)["spec"]["taints"] == []
+
+
+def test_conflict_that_persists_is_a_retryable_error(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    kube.emulator.inject("PATCH", "nodes", status=409, times=10)
+    with pytest.raises(ApplicationError) as err:
+        run(k8s.cordon_node, NodeTarget(node="n1", workflow_id=WF))
+    assert err.value.type == "Conflict" and not err.value.non_retryable
+
+
+@pytest.mark.parametrize(("status", "kind", "retryable"), [
+    (500, "Unavailable", True), (503, "Unavailable", True), (403, "Forbidden", False), (422, "Invalid", False),
+])
+def test_api_errors_are_classified(kube: KubeEmulatorThread, k8s: KubernetesActivities, status: int, kind: str,
+                                   retryable: bool) -> None:
+    kube.emulator.inject("PATCH", "nodes", status=status)
+    with pytest.raises(ApplicationError) as err:
+        run(k8s.cordon_node, NodeTarget(node="n1", workflow_id=WF))
+    assert err.value.type == kind and err.value.non_retryable is not retryable
+    assert not node(kube)["spec"].get("unschedulable")
+
+
+def test_timeout_is_retryable(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    kube.emulator.inject("GET", "nodes", status=0, delay_s=4)
+    with pytest.raises(ApplicationError) as err:
+        run(k8s.get_node, "n1")
+    assert err.value.type == "Timeout" and not err.value.non_retryable
+
+
+def test_unreachable_api_is_retryable(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with KubeEmulatorThread() as dead:
+        kubeconfig = dead.write_kubeconfig(tmp_path / "kc")
+    k8s = KubernetesActivities(lambda: load_api_client(str(kubeconfig)), Policy(), timeout_s=1)
+    with pytest.raises(ApplicationError) as err:
+        run(k8s.get_node, "n1")
+    assert err.value.type == "Unavailable" and not err.value.non_retryable
+
+
+def test_dry_run_sends_no_write(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    kube.emulator.put(fleet.pod("train", "n1"))
+    cordon = run(k8s.cordon_node, NodeTarget(node="n1", workflow_id=WF, reason="XID 79", dry_run=True))
+    drain = run(k8s.evict_pods, EvictRequest(node="n1", dry_run=True))
+    taint = run(k8s.add_taint, TaintRequest(node="n1", taint=Taint.parse("a=b:NoSchedule"), dry_run=True))
+    event = run(k8s.record_event, EventRequest(name="n1", reason="R", message="m", dry_run=True))
+    assert cordon.summary.startswith("would cordon node n1") and drain.evicted == ["default/train"]
+    assert taint.dry_run and event.dry_run
+    assert kube.emulator.mutations() == []
+
+
+def test_forced_dry_run_of_the_process(kube: KubeEmulatorThread) -> None:
+    k8s = KubernetesActivities(lambda: load_api_client(str(kube.kubeconfig)), Policy(),  # type: ignore[attr-defined]
+                               force_dry_run=True)
+    kube.emulator.put(fleet.node("n1"))
+    assert run(k8s.cordon_node, NodeTarget(node="n1", workflow_id=WF)).dry_run
+    assert kube.emulator.mutations() == []
+
+
+def test_drain_skips_daemonsets_and_waits_out_a_pdb(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    kube.emulator.put(fleet.pod("dcgm", "n1", owner_kind="DaemonSet"))
+    kube.emulator.put(fleet.pod("static", "n1", mirror=True))
+    kube.emulator.put(fleet.pod("web-0", "n1", labels={"app": "web"}))
+    kube.emulator.put(fleet.pod("web-1", "n2", labels={"app": "web"}, ready=False))
+    kube.emulator.put(fleet.pdb("web", match_labels={"app": "web"}, min_available=1))
+
+    def replica_becomes_ready() -> None:  # the controller's part: the other replica gets Ready
+        kube.emulator.put(fleet.pod("web-1", "n2", labels={"app": "web"}, ready=True))
+
+    timer = threading.Timer(1.0, replica_becomes_ready)
+    timer.start()
+    report = run(k8s.evict_pods, EvictRequest(node="n1", deadline_s=20))
+    timer.join()
+    assert report.evicted == ["default/web-0"] and report.complete
+    assert sorted(p.pod for p in report.skipped) == ["default/dcgm", "default/static"]
+    assert kube.emulator.get("v1", "Pod", "dcgm", "default") is not None
+    refused = [r for r in kube.emulator.mutations() if r.url.path.endswith("/eviction")]
+    assert len(refused) >= 2  # the first eviction got 429 and was retried
+
+
+def test_drain_reports_what_it_could_not_evict(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    kube.emulator.put(fleet.pod("solo", "n1", labels={"app": "solo"}))
+    kube.emulator.put(fleet.pdb("solo", match_labels={"app": "solo"}, max_unavailable=0))
+    report = run(k8s.evict_pods, EvictRequest(node="n1", deadline_s=1.5))
+    assert not report.complete
+    assert report.failed[0].pod == "default/solo" and "PodDisruptionBudget" in report.failed[0].reason
+
+
+def test_drain_retries_server_errors(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    kube.emulator.put(fleet.pod("train", "n1"))
+    kube.emulator.inject("POST", "pods", subresource="eviction", status=500, times=2)
+    report = run(k8s.evict_pods, EvictRequest(node="n1", deadline_s=20))
+    assert report.evicted == ["default/train"] and report.complete
+
+
+def test_drain_with_a_selector_leaves_other_pods(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    kube.emulator.put(fleet.pod("train", "n1", labels={"fleetmedic.io/workload": "training"}))
+    kube.emulator.put(fleet.pod("serve", "n1", labels={"fleetmedic.io/workload": "inference"}))
+    report = run(k8s.evict_pods, EvictRequest(node="n1", selector="fleetmedic.io/workload!=inference"))
+    assert report.evicted == ["default/train"]
+    assert kube.emulator.get("v1", "Pod", "serve", "default") is not None
+
+
+def test_event_is_recorded_once(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    request = EventRequest(name="n1", reason="FleetMedicRemediated", message="XID 79: replaced")
+    first = ActivityEnvironment()
+    assert first.run(k8s.record_event, request).changed
+    assert not first.run(k8s.record_event, request).changed  # a retried activity finds its Event
+    events = kube.emulator.list("v1", "Event")
+    assert len(events) == 1 and events[0]["involvedObject"]["name"] == "n1"
+
+
+def test_kueue_workloads(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    kube.emulator.put({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+                       "metadata": {"name": "pretrain", "namespace": "training"},
+                       "spec": {"priority": 1000, "queueName": "train"},
+                       "status": {"conditions": [{"type": "Admitted", "status": "True"}]}})
+    assert run(k8s.list_kueue_workloads, "") == [{"name": "pretrain", "namespace": "training", "priority": 1000,
+                                                  "queue": "train", "admitted": True}]
