@@ -35,7 +35,7 @@ def _classify_cli_error(text: str) -> ErrorKind:
         return ErrorKind.NOT_FOUND
     if "access/permission denied" in lowered or "permission denied" in lowered:
         return ErrorKind.FORBIDDEN
-    if "already pending" in lowered:
+    if "already pending" in lowered or "pending execution" in lowered:
         return ErrorKind.CONFLICT
     if "invalid" in lowered:
         return ErrorKind.INVALID

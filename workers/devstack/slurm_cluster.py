@@ -129,6 +129,11 @@ class LocalSlurmCluster:
         missing = missing_binaries(self.with_rest)
         if missing:
             raise SlurmStartError(f"Slurm is not installed here: missing {', '.join(missing)}")
+        if self.with_rest:
+            hidden = [p for p in self.dir.resolve().parents if not p.stat().st_mode & 0o001]
+            if hidden:
+                raise SlurmStartError(f"slurmrestd runs as nobody and cannot reach {self.dir}: {hidden[0]} "
+                                      "is not world-traversable; leave workdir unset for a /tmp dir")
         self._write_config()
         munge = self.dir / "munge"
         self._spawn("munged", ["munged", "-F", "--force", f"--socket={munge}/munge.socket",

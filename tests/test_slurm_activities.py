@@ -1,0 +1,155 @@
+"""Slurm activities against a real Slurm 22.05 (Debian's packages), CLI and slurmrestd reads."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
+from fleetmedic.models import RequeueJob, SetSlurmNodeState, SlurmNodeState
+from tests.conftest import require
+from tests.harness import job_on
+from workers.devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
+
+SLEEPER = "#!/bin/bash\nwhile true; do sleep 0.2; done\n"
+REASON = "fleetmedic: XID 79 on GPU 3 (xid-recovery/test/gpu-node-0)"
+
+
+def run(fn, *args):  # type: ignore[no-untyped-def]
+    return ActivityEnvironment().run(fn, *args)
+
+
+@pytest.fixture
+def slurm_acts(slurm: LocalSlurmCluster) -> SlurmActivities:
+    return SlurmActivities(SlurmCli(str(slurm.conf), timeout_s=10))
+
+
+def state(slurm: LocalSlurmCluster, node: str) -> tuple[str, str]:
+    out = slurm.run("sinfo", "-h", "-n", node, "-o", "%t|%E").stdout.strip()
+    status, _, reason = out.partition("|")
+    return status, reason
+
+
+def test_down_with_reason_is_idempotent_and_resume_clears_it(slurm: LocalSlurmCluster,
+                                                             slurm_acts: SlurmActivities) -> None:
+    down = SetSlurmNodeState(node="gpu-node-0", state=SlurmNodeState.DOWN, reason=REASON)
+    assert run(slurm_acts.set_node_state, down).changed
+    assert state(slurm, "gpu-node-0") == ("down", REASON)
+    assert not run(slurm_acts.set_node_state, down).changed  # already so
+    node = run(slurm_acts.get_node, "gpu-node-0")
+    assert node.out_of_service and node.reason == REASON
+    assert run(slurm_acts.set_node_state, SetSlurmNodeState(node="gpu-node-0", state=SlurmNodeState.RESUME)).changed
+    assert state(slurm, "gpu-node-0")[0].rstrip("*") == "idle"  # "*": not pinged since it was DOWN
+    assert not run(slurm_acts.set_node_state,
+                   SetSlurmNodeState(node="gpu-node-0", state=SlurmNodeState.RESUME)).changed
+
+
+def test_drain(slurm: LocalSlurmCluster, slurm_acts: SlurmActivities) -> None:
+    drain = SetSlurmNodeState(node="gpu-node-1", state=SlurmNodeState.DRAIN, reason="fleetmedic: hot GPU 2")
+    assert run(slurm_acts.set_node_state, drain).changed
+    assert state(slurm, "gpu-node-1")[0] in ("drain", "drng")
+
+
+def test_reasons_fleetmedic_does_not_own_are_left_alone(slurm: LocalSlurmCluster,
+                                                       slurm_acts: SlurmActivities) -> None:
+    slurm.run("scontrol", "update", "nodename=gpu-node-2", "state=DRAIN", "reason=slurm-operator: pod deleted")
+    with pytest.raises(ApplicationError) as down:
+        run(slurm_acts.set_node_state, SetSlurmNodeState(node="gpu-node-2", state=SlurmNodeState.DOWN, reason=REASON))
+    assert down.value.type == "NotOwned" and down.value.non_retryable
+    with pytest.raises(ApplicationError) as resume:
+        run(slurm_acts.set_node_state, SetSlurmNodeState(node="gpu-node-2", state=SlurmNodeState.RESUME))
+    assert resume.value.type == "NotOwned"
+    assert state(slurm, "gpu-node-2")[1] == "slurm-operator: pod deleted"
+
+
+def test_a_reason_must_be_ours(slurm_acts: SlurmActivities) -> None:
+    with pytest.raises(ApplicationError) as err:
+        run(slurm_acts.set_node_state, SetSlurmNodeState(node="gpu-node-0", state=SlurmNodeState.DOWN, reason="x"))
+    assert err.value.type == "Invalid"
+
+
+def test_unknown_node_and_job_are_not_found(slurm_acts: SlurmActivities) -> None:
+    for fn, arg in ((slurm_acts.get_node, "nope"), (slurm_acts.get_job, 424242)):
+        with pytest.raises(ApplicationError) as err:
+            run(fn, arg)
+        assert err.value.type == "NotFound" and err.value.non_retryable
+
+
+def test_jobs_on_node_and_requeue(slurm: LocalSlurmCluster, slurm_acts: SlurmActivities) -> None:
+    job = slurm.submit(SLEEPER)
+    node = job_on(slurm, job)
+    jobs = run(slurm_acts.jobs_on_node, node)
+    assert [j.job_id for j in jobs] == [job] and jobs[0].state == "RUNNING" and jobs[0].requeue
+    assert run(slurm_acts.jobs_on_node, "gpu-node-2" if node != "gpu-node-2" else "gpu-node-1") == []
+    assert run(slurm_acts.requeue_job, RequeueJob(job_id=job)).changed
+    again = run(slurm_acts.requeue_job, RequeueJob(job_id=job))
+    assert not again.changed and "already" in again.detail
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        current = run(slurm_acts.get_job, job)
+        if current.state == "RUNNING" and current.restart_count == 1:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"job {job} did not run again: {current}")
+
+
+def test_dry_run_changes_nothing(slurm: LocalSlurmCluster, slurm_acts: SlurmActivities) -> None:
+    job = slurm.submit(SLEEPER)
+    job_on(slurm, job)
+    result = run(slurm_acts.set_node_state, SetSlurmNodeState(node="gpu-node-0", state=SlurmNodeState.DOWN,
+                                                              reason=REASON, dry_run=True))
+    assert result.dry_run and result.summary.startswith("would set DOWN")
+    assert run(slurm_acts.requeue_job, RequeueJob(job_id=job, dry_run=True)).dry_run
+    assert state(slurm, "gpu-node-0")[0] != "down"
+    assert run(slurm_acts.get_job, job).restart_count == 0
+
+
+def test_controller_down_is_retryable_and_back_works(slurm: LocalSlurmCluster, slurm_acts: SlurmActivities) -> None:
+    ctld = slurm.procs["slurmctld"]
+    ctld.kill()
+    ctld.wait()
+    slow = SlurmActivities(SlurmCli(str(slurm.conf), timeout_s=3))
+    with pytest.raises(ApplicationError) as err:
+        run(slow.set_node_state, SetSlurmNodeState(node="gpu-node-0", state=SlurmNodeState.DOWN, reason=REASON))
+    assert err.value.type in ("Unavailable", "Timeout") and not err.value.non_retryable
+    slurm._spawn("slurmctld", ["slurmctld", "-D", "-f", str(slurm.conf)])  # state recovered from StateSaveLocation
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            assert run(slow.set_node_state, SetSlurmNodeState(node="gpu-node-0", state=SlurmNodeState.DOWN,
+                                                              reason=REASON)).changed
+            break
+        except ApplicationError:
+            time.sleep(0.5)
+    assert state(slurm, "gpu-node-0")[0] == "down"
+
+
+@pytest.fixture
+def rest_slurm() -> Iterator[LocalSlurmCluster]:
+    missing = missing_binaries(with_rest=True)
+    require(not missing, f"Debian's slurmrestd ({', '.join(missing)})")
+    # slurmrestd runs as nobody: its own temp dir under /tmp, not pytest's private tmp_path.
+    with LocalSlurmCluster(("gpu-node-0", "gpu-node-1"), with_rest=True) as cluster:
+        yield cluster
+
+
+def test_reads_through_slurmrestd_match_the_cli(rest_slurm: LocalSlurmCluster) -> None:
+    cli = SlurmCli(str(rest_slurm.conf), timeout_s=10)
+    rest = SlurmActivities(cli, SlurmRest(rest_slurm.rest_url, rest_slurm.token(), "root", timeout_s=10))
+    job = rest_slurm.submit(SLEEPER)
+    node = job_on(rest_slurm, job)
+    run(rest.set_node_state, SetSlurmNodeState(node="gpu-node-1" if node == "gpu-node-0" else "gpu-node-0",
+                                               state=SlurmNodeState.DRAIN, reason="fleetmedic: test"))
+    via_cli = SlurmActivities(cli)
+    assert run(rest.jobs_on_node, node) == run(via_cli.jobs_on_node, node)
+    for name in rest_slurm.nodes:
+        assert run(rest.get_node, name) == run(via_cli.get_node, name)
+    bad = SlurmActivities(cli, SlurmRest(rest_slurm.rest_url, "not-a-jwt", "root", timeout_s=5))
+    with pytest.raises(ApplicationError) as err:
+        run(bad.get_node, node)
+    assert err.value.type in ("Forbidden", "Unavailable")
