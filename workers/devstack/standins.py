@@ -17,6 +17,9 @@ from typing import Any
 from aiohttp import web
 
 
+BODY: web.RequestKey[Any] = web.RequestKey("body", object)
+
+
 @dataclass
 class Recorded:
     method: str
@@ -65,7 +68,7 @@ class ThreadedServer:
                 await asyncio.sleep(failure.delay_s)
             if failure.status:
                 return web.json_response(failure.body or {"error": "injected"}, status=failure.status)
-        request["body"] = body
+        request[BODY] = body
         response: web.StreamResponse = await handler(request)
         return response
 
@@ -117,7 +120,7 @@ class SlackStandIn(ThreadedServer):
         return f"{self.url}/api/"
 
     async def _post_message(self, request: web.Request) -> web.Response:
-        body = request["body"] or {}
+        body = request[BODY] or {}
         if not request.headers.get("Authorization", "").startswith("Bearer "):
             return web.json_response({"ok": False, "error": "not_authed"})
         if not body.get("channel"):
@@ -168,7 +171,7 @@ class ProviderStandIn(ThreadedServer):
         if not self._authorized(request):
             return web.json_response({"error": "unauthorized"}, status=401)
         key = request.headers.get("Idempotency-Key")
-        body = request["body"] or {}
+        body = request[BODY] or {}
         if not key:
             return web.json_response({"error": "Idempotency-Key header is required"}, status=400)
         missing = [f for f in ("cluster", "node", "action") if not body.get(f)]

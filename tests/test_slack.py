@@ -1,0 +1,54 @@
+"""Slack through slack-sdk against the stand-in: one message per run, a thread reply per step,
+and a failed notification never fails the runbook."""
+
+from __future__ import annotations
+
+from temporalio.testing import ActivityEnvironment
+
+from activities.slack import SlackActivities
+from fleetmedic.models import NotifyStart, NotifyStep
+from workers.devstack.standins import SlackStandIn
+
+
+def run(fn, *args):  # type: ignore[no-untyped-def]
+    return ActivityEnvironment().run(fn, *args)
+
+
+def test_thread_per_run(slack: SlackStandIn) -> None:
+    notifier = SlackActivities("xoxb-test", "#gpu-fleet", slack.api_url, timeout_s=5)
+    start = run(notifier.notify_start, NotifyStart(workflow_id="xid-recovery/c/n1", runbook="xid-recovery",
+                                                   node="n1", text="XID 79 on GPU 3"))
+    assert start.delivered and start.channel == "#gpu-fleet"
+    reply = run(notifier.notify_step, NotifyStep(channel=start.channel, thread_ts=start.ts, text="cordoned",
+                                                 mention="@oncall"))
+    assert reply.delivered
+    threads = slack.threads()
+    assert list(threads) == [start.ts]
+    top, answer = threads[start.ts]
+    assert top["blocks"][0]["type"] == "header" and "no action required" in str(top["blocks"])
+    assert answer["text"] == "@oncall cordoned" and answer["thread_ts"] == start.ts
+
+
+def test_shadow_mode_says_so(slack: SlackStandIn) -> None:
+    notifier = SlackActivities("xoxb-test", "#gpu-fleet", slack.api_url, timeout_s=5)
+    run(notifier.notify_start, NotifyStart(workflow_id="w", runbook="xid-recovery", text="XID 79", dry_run=True))
+    assert "shadow mode" in slack.messages[0]["text"]
+
+
+def test_failures_are_reported_not_raised(slack: SlackStandIn) -> None:
+    notifier = SlackActivities("xoxb-test", "#gpu-fleet", slack.api_url, timeout_s=1)
+    slack.fail_next(500)
+    assert not run(notifier.notify_start, NotifyStart(workflow_id="w", runbook="r", text="t")).delivered
+    slack.fail_next(200, body={"ok": False, "error": "channel_not_found"})
+    failed = run(notifier.notify_start, NotifyStart(workflow_id="w", runbook="r", text="t"))
+    assert not failed.delivered and failed.error == "channel_not_found"
+    slack.fail_next(status=0, delay_s=3)
+    assert not run(notifier.notify_start, NotifyStart(workflow_id="w", runbook="r", text="t")).delivered
+    unreachable = SlackActivities("xoxb-test", "#c", "http://127.0.0.1:9/api/", timeout_s=1)
+    assert not run(unreachable.notify_start, NotifyStart(workflow_id="w", runbook="r", text="t")).delivered
+
+
+def test_unconfigured_slack_only_logs() -> None:
+    notifier = SlackActivities(None, None, "https://slack.invalid/api/")
+    result = run(notifier.notify_start, NotifyStart(workflow_id="w", runbook="r", text="t"))
+    assert not result.delivered and "not configured" in result.error

@@ -1,0 +1,58 @@
+"""The newest checkpoint of a job, from the layout in the policy."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.storage import StorageActivities
+from fleetmedic.models import CheckpointQuery
+from fleetmedic.policy import StoragePolicy
+
+
+def test_newest_checkpoint_by_modification_time(tmp_path: Path) -> None:
+    storage = StorageActivities(StoragePolicy(root=str(tmp_path), layout="{job_id}/ckpt-*", step_pattern=r"(\d+)"))
+    job = tmp_path / "42"
+    job.mkdir()
+    now = time.time()
+    for step, age in ((100, 30), (200, 20), (150, 5)):  # the newest file is not the highest step
+        path = job / f"ckpt-{step}.pt"
+        path.touch()
+        os.utime(path, (now - age, now - age))
+    (tmp_path / "43").mkdir()
+    (tmp_path / "43" / "ckpt-999.pt").touch()
+    found = ActivityEnvironment().run(storage.newest_checkpoint, CheckpointQuery(job_id=42))
+    assert found is not None and found.step == 150 and found.path.endswith("ckpt-150.pt")
+    assert abs(found.modified.timestamp() - (now - 5)) < 1
+
+
+def test_no_checkpoint_yet(tmp_path: Path) -> None:
+    storage = StorageActivities(StoragePolicy(root=str(tmp_path)))
+    assert ActivityEnvironment().run(storage.newest_checkpoint, CheckpointQuery(job_id=7)) is None
+
+
+def test_job_name_in_the_layout_and_names_without_a_step(tmp_path: Path) -> None:
+    storage = StorageActivities(StoragePolicy(root=str(tmp_path), layout="{job_name}/latest*"))
+    (tmp_path / "llm").mkdir()
+    (tmp_path / "llm" / "latest").touch()
+    found = ActivityEnvironment().run(storage.newest_checkpoint, CheckpointQuery(job_id=1, job_name="llm"))
+    assert found is not None and found.step is None
+
+
+def test_storage_errors_are_retryable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = StorageActivities(StoragePolicy(root=str(tmp_path)))
+    (tmp_path / "5").mkdir()
+    (tmp_path / "5" / "step-1").touch()
+
+    def stale(path: str) -> os.stat_result:
+        raise OSError(116, "Stale file handle")
+
+    monkeypatch.setattr(os, "stat", stale)
+    with pytest.raises(ApplicationError) as err:
+        ActivityEnvironment().run(storage.newest_checkpoint, CheckpointQuery(job_id=5))
+    assert err.value.type == "Unavailable" and not err.value.non_retryable
