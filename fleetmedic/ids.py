@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from temporalio.common import SearchAttributeKey
+from typing import Any
+
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
 NODE_RUNBOOKS = ("xid-recovery", "hot-gpu-pull", "nvlink-fault-replace")
 TRAFFIC_RUNBOOKS = ("traffic-flip", "migrate-back", "kueue-quota-sync")
@@ -30,3 +32,17 @@ FLEET_DRY_RUN = SearchAttributeKey.for_bool("FleetDryRun")
 
 SEARCH_ATTRIBUTES = (FLEET_RUNBOOK, FLEET_CLUSTER, FLEET_NODE, FLEET_STEP, FLEET_OUTCOME, FLEET_XID,
                      FLEET_DRY_RUN)
+
+
+def start_attributes(runbook: str, cluster: str, node: str = "", xid: int | None = None,
+                     dry_run: bool = False) -> TypedSearchAttributes:
+    """Set by whoever starts a runbook, so `fleetmedic status` and the UI find it before its first step."""
+    pairs: list[SearchAttributePair[Any]] = [SearchAttributePair(FLEET_RUNBOOK, runbook),
+                                             SearchAttributePair(FLEET_CLUSTER, cluster),
+                                             SearchAttributePair(FLEET_DRY_RUN, dry_run),
+                                             SearchAttributePair(FLEET_STEP, "queued")]
+    if node:
+        pairs.append(SearchAttributePair(FLEET_NODE, node))
+    if xid is not None:
+        pairs.append(SearchAttributePair(FLEET_XID, xid))
+    return TypedSearchAttributes(pairs)

@@ -58,7 +58,7 @@ class Taint(_Model):
         """`key=value:Effect` or `key:Effect`."""
         body, _, effect = text.rpartition(":")
         key, _, value = body.partition("=")
-        return cls(key=key, value=value, effect=effect)  # type: ignore[arg-type]
+        return cls.model_validate({"key": key, "value": value, "effect": effect})
 
     def __str__(self) -> str:
         return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"

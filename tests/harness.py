@@ -81,7 +81,9 @@ def job_on(slurm: LocalSlurmCluster, job_id: int, timeout_s: float = 20) -> str:
         if len(out) == 2 and out[0] == "RUNNING":
             return out[1]
         time.sleep(0.2)
-    raise AssertionError(f"job {job_id} did not start within {timeout_s}s")
+    detail = slurm.run("squeue", "-h", "-j", str(job_id), "-o", "%T %r %N", check=False).stdout
+    nodes = slurm.run("sinfo", "-N", "-h", "-o", "%N %t %E", check=False).stdout
+    raise AssertionError(f"job {job_id} did not start within {timeout_s}s: {detail} / {nodes}")
 
 
 __all__ = ["provider_controller", "set_ready"]

@@ -8,14 +8,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
-from fleetmedic.ids import NODE_RUNBOOKS, node_workflow_id
+from fleetmedic.ids import NODE_RUNBOOKS, node_workflow_id, start_attributes
 from fleetmedic.models import NodeRunbookInput, RunbookStatus
 from fleetmedic.policy import PolicyError, load_policy
 from fleetmedic.settings import Settings, SettingsError
@@ -112,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _apply_address(args: argparse.Namespace) -> None:
-    import os
-
     if getattr(args, "address", None):
         os.environ["TEMPORAL_ADDRESS"] = args.address
     if getattr(args, "namespace", None):
@@ -162,7 +162,8 @@ async def run_command(client: Client, args: argparse.Namespace, settings: Settin
     handle = await client.start_workflow(
         args.runbook, runbook_input, result_type=RunbookStatus, id=workflow_id, task_queue=settings.task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        search_attributes=start_attributes(args.runbook, cluster, args.node, args.xid, args.dry_run))
     print(f"{workflow_id} (run {handle.result_run_id}): started{' in shadow mode' if args.dry_run else ''}")
     if args.wait:
         report = await handle.result()
@@ -176,7 +177,7 @@ async def status_command(client: Client, settings: Settings) -> int:
     async for execution in client.list_workflows(query):
         handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
         try:
-            status = await handle.query("status", result_type=RunbookStatus)
+            status = await handle.query("status", result_type=RunbookStatus, rpc_timeout=timedelta(seconds=3))
             rows.append((execution.id, status.step, status.waiting_for or "", "paused" if status.paused else ""))
         except RPCError:
             rows.append((execution.id, "?", "(no worker answered the query)", ""))
@@ -189,6 +190,16 @@ async def status_command(client: Client, settings: Settings) -> int:
     return 0
 
 
+def entry() -> None:
+    """The console script. Ends with os._exit: the Temporal client's Rust threads can abort the
+    interpreter's finalization of a short-lived process (temporalio/sdk-python#300), which would
+    turn a successful command into a SIGABRT."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
 

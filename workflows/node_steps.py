@@ -10,9 +10,10 @@ xid-recovery, hot-gpu-pull and nvlink-fault-replace compose these; none copies t
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
-from temporalio.common import SearchAttributePair
+from temporalio.common import SearchAttributeUpdate
 from temporalio.exceptions import ActivityError
 
 from workflows.runbook import NO_ARG, READ_RETRY, SHORT, Runbook
@@ -68,12 +69,11 @@ class NodeRunbook(Runbook):
         if policy.shadow.enabled_for(self.runbook) and not self.dry_run:
             self.dry_run = True
             self.decide("load policy", f"shadow mode for {self.runbook} (policy): nothing will be changed")
-        attributes = [SearchAttributePair(ids.FLEET_RUNBOOK, self.runbook),
-                      SearchAttributePair(ids.FLEET_CLUSTER, self.cluster),
-                      SearchAttributePair(ids.FLEET_NODE, self.node),
-                      SearchAttributePair(ids.FLEET_DRY_RUN, self.dry_run)]
+        attributes: list[SearchAttributeUpdate[Any]] = [
+            ids.FLEET_RUNBOOK.value_set(self.runbook), ids.FLEET_CLUSTER.value_set(self.cluster),
+            ids.FLEET_NODE.value_set(self.node), ids.FLEET_DRY_RUN.value_set(self.dry_run)]
         if xid is not None:
-            attributes.append(SearchAttributePair(ids.FLEET_XID, xid))
+            attributes.append(ids.FLEET_XID.value_set(xid))
         workflow.upsert_search_attributes(attributes)
         return policy
 
@@ -206,7 +206,7 @@ class NodeRunbook(Runbook):
         assert self.policy is not None
         await self.gate(action)
         result = await self.call(action, "provider.request", ProviderRequest(
-            cluster=self.cluster, node=self.node, action=action, reason=reason,  # type: ignore[arg-type]
+            cluster=self.cluster, node=self.node, action=action, reason=reason,
             idempotency_key=self.idempotency_key(action), dry_run=self.dry_run), ProviderResult, retry=READ_RETRY)
         if result is None:
             return None
@@ -283,9 +283,10 @@ class NodeRunbook(Runbook):
 
     async def _read_node(self) -> NodeInfo | None:
         try:
-            return await workflow.execute_activity("k8s.get_node", self.node, result_type=NodeInfo,
+            node: NodeInfo = await workflow.execute_activity("k8s.get_node", self.node, result_type=NodeInfo,
                                                    start_to_close_timeout=SHORT, retry_policy=READ_RETRY,
                                                    summary="wait for node Ready: k8s.get_node")
+            return node
         except ActivityError:  # NotFound while a replacement registers: keep waiting
             return None
 

@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributePair
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -132,13 +132,12 @@ class Runbook:
         self.step_name = step
         self.waiting_for = None
         workflow.set_current_details(f"**{step}**" + (" (shadow mode)" if self.dry_run else ""))
-        workflow.upsert_search_attributes([SearchAttributePair(ids.FLEET_STEP, step)])
+        workflow.upsert_search_attributes([ids.FLEET_STEP.value_set(step)])
 
     def finish(self, outcome: str) -> str:
         self.outcome = outcome
         self.step_name = "done"
-        workflow.upsert_search_attributes([SearchAttributePair(ids.FLEET_OUTCOME, outcome),
-                                           SearchAttributePair(ids.FLEET_STEP, "done")])
+        workflow.upsert_search_attributes([ids.FLEET_OUTCOME.value_set(outcome), ids.FLEET_STEP.value_set("done")])
         return outcome
 
     def check_abort(self) -> None:

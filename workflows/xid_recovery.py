@@ -106,7 +106,7 @@ class XidRecovery(NodeRunbook):
         seen = len(self.alerts)
         self.enter("watch for repeats")
         while await self.wait(f"repeats of XID {verdict.xid} until {deadline.isoformat()}",
-                              lambda s=seen: len(self.alerts) > s,  # type: ignore[misc]
+                              lambda s=seen: len(self.alerts) > s,
                               timeout=max(deadline - workflow.now(), timedelta(seconds=1))):
             fresh = self.alerts[seen:]
             seen = len(self.alerts)

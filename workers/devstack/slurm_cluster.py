@@ -9,8 +9,10 @@ DOWN (`ReturnToService=1`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import signal
 import shutil
 import socket
 import subprocess
@@ -54,6 +56,9 @@ class LocalSlurmCluster:
         self.rest_port = free_port() if with_rest else None
         self.jwt_key = self.dir / "jwt.key"
         self.cluster_name = "fm" + secrets.token_hex(3)
+        # Unix sockets (munge, slurmstepd) live under a short path: sun_path holds 108 bytes, and
+        # slurmstepd's socket names are long (`<spool>/<node>_<job>.4294967291`).
+        self.sockets = Path(tempfile.mkdtemp(prefix="fm-", dir="/tmp"))
 
     # -- paths and environment --
 
@@ -73,9 +78,10 @@ class LocalSlurmCluster:
     def _write_config(self) -> None:
         # slurmrestd runs as nobody and must read slurm.conf: mkdtemp's 0700 would hide it.
         self.dir.chmod(0o755)
-        munge = self.dir / "munge"
-        for sub in ("state", "spool", "log", "checkpoints"):
+        munge = self.sockets / "munge"
+        for sub in ("state", "log", "checkpoints"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        self.sockets.chmod(0o755)
         munge.mkdir(exist_ok=True)
         munge.chmod(0o755)  # munged refuses a socket dir others cannot traverse
         key = munge / "munge.key"
@@ -89,7 +95,7 @@ class LocalSlurmCluster:
             "SlurmctldHost=localhost(127.0.0.1)",
             f"SlurmctldPort={self.ctld_port}",
             "SlurmUser=root", "SlurmdUser=root",
-            f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={d}/spool/%n",
+            f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={self.sockets}/%n",
             f"SlurmctldPidFile={d}/slurmctld.pid", f"SlurmdPidFile={d}/slurmd-%n.pid",
             f"SlurmctldLogFile={d}/log/slurmctld.log", f"SlurmdLogFile={d}/log/slurmd-%n.log",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
@@ -135,7 +141,7 @@ class LocalSlurmCluster:
                 raise SlurmStartError(f"slurmrestd runs as nobody and cannot reach {self.dir}: {hidden[0]} "
                                       "is not world-traversable; leave workdir unset for a /tmp dir")
         self._write_config()
-        munge = self.dir / "munge"
+        munge = self.sockets / "munge"
         self._spawn("munged", ["munged", "-F", "--force", f"--socket={munge}/munge.socket",
                                f"--key-file={munge}/munge.key", f"--pid-file={munge}/munged.pid",
                                f"--seed-file={munge}/munged.seed", "--num-threads=4"])
@@ -185,12 +191,6 @@ class LocalSlurmCluster:
         return out.split("=", 1)[1]
 
     def stop(self) -> None:
-        # Jobs run under slurmstepd, which outlives slurmd: cancel them while the daemons still run.
-        if self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
-            try:
-                self.run("scancel", "--full", "--quiet", "--user=root", check=False, timeout=5)
-            except subprocess.SubprocessError:
-                pass
         for proc in reversed(list(self.procs.values())):
             if proc.poll() is None:
                 proc.terminate()
@@ -201,10 +201,25 @@ class LocalSlurmCluster:
                 proc.kill()
                 proc.wait(5)
         self.procs.clear()
-        # Job scripts run by slurmstepd are children of slurmd's session; make sure none linger.
-        subprocess.run(["pkill", "-f", f"{self.dir}/"], check=False, capture_output=True)
+        self._kill_job_processes()
+        shutil.rmtree(self.sockets, ignore_errors=True)
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _kill_job_processes(self) -> None:
+        """slurmstepd and the job scripts it runs outlive slurmd (they are reparented to init).
+        They carry this cluster's SLURM_CONF in their environment: that finds exactly ours."""
+        marker = f"SLURM_CONF={self.conf}".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if marker in environ.split(b"\0"):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(entry.name), signal.SIGKILL)
 
     def __enter__(self) -> LocalSlurmCluster:
         try:

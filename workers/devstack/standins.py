@@ -16,7 +16,6 @@ from typing import Any
 
 from aiohttp import web
 
-
 BODY: web.RequestKey[Any] = web.RequestKey("body", object)
 
 

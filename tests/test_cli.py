@@ -1,0 +1,67 @@
+"""The command line: the commands of DESIGN.md, and honesty about what is not built yet."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from temporalio.client import Client
+
+from fleetmedic.models import RunbookStatus
+from workers.cli import NOT_YET
+
+DESIGN_COMMANDS = ["dev", "worker", "webhook", "agent", "run", "pause", "resume", "status", "audit"]
+
+
+def fleetmedic(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "workers.cli", *args], capture_output=True, text=True, timeout=60,
+                          env=env)
+
+
+def test_help_lists_every_command() -> None:
+    done = fleetmedic("--help")
+    assert done.returncode == 0
+    for command in DESIGN_COMMANDS:
+        assert command in done.stdout
+
+
+@pytest.mark.parametrize("command", sorted(NOT_YET))
+def test_commands_not_built_yet_say_so_and_fail(command: str) -> None:
+    done = fleetmedic(command)
+    assert done.returncode == 2
+    assert "not implemented yet" in done.stderr and "issue #" in done.stderr
+
+
+def test_run_needs_a_node() -> None:
+    done = fleetmedic("run", "xid-recovery")
+    assert done.returncode == 2 and "--node" in done.stderr
+
+
+def test_run_of_an_unbuilt_runbook_says_so(temporal_env) -> None:  # type: ignore[no-untyped-def]
+    address = temporal_env.client.service_client.config.target_host
+    done = fleetmedic("run", "traffic-flip", "--node", "x", "--address", address)
+    assert done.returncode == 2 and "not implemented yet" in done.stderr
+
+
+async def test_run_starts_once_per_node_and_status_lists_it(client: Client, task_queue: str) -> None:
+    # No worker polls this queue: the run stays open, as a runbook waiting for a worker would.
+    address = client.service_client.config.target_host
+    env = {"FLEETMEDIC_TASK_QUEUE": task_queue, "FLEETMEDIC_CLUSTER": f"c-{task_queue}", "PATH": "/usr/bin:/bin"}
+    first = fleetmedic("run", "xid-recovery", "--node", "n1", "--gpu", "3", "--xid", "79", "--dry-run",
+                       "--address", address, env=env)
+    second = fleetmedic("run", "xid-recovery", "--node", "n1", "--gpu", "3", "--xid", "79",
+                        "--address", address, env=env)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    workflow_id = f"xid-recovery/c-{task_queue}/n1"
+    assert first.stdout.split()[0] == workflow_id
+    assert first.stdout.split()[2] == second.stdout.split()[2]  # the same run: attached, not started twice
+    status = fleetmedic("status", "--address", address, env=env)
+    assert status.returncode == 0 and workflow_id in status.stdout, status.stdout + status.stderr
+    handle = client.get_workflow_handle(workflow_id, result_type=RunbookStatus)
+    await handle.terminate("test over")
+
+
+def test_unreachable_temporal_is_a_clear_error() -> None:
+    done = fleetmedic("status", "--address", "127.0.0.1:9")
+    assert done.returncode == 1 and "Temporal" in done.stderr

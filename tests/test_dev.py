@@ -1,0 +1,69 @@
+"""`fleetmedic dev`: UI and a polling worker within 30 s, a runbook runs, Ctrl-C stops everything."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client
+
+from fleetmedic.models import RunbookStatus
+from workers.devstack.slurm_cluster import free_port
+
+
+async def test_dev_stack_serves_the_ui_and_a_worker(tmp_path: Path) -> None:
+    port, ui_port = free_port(), free_port()
+    state = tmp_path / "state"
+    proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "dev", "--state-dir", str(state), "--port",
+                             str(port), "--ui-port", str(ui_port), "--nodes", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    started = time.monotonic()
+    try:
+        client = await _wait_for_worker(proc, port, ui_port, started)
+        ready_after = time.monotonic() - started
+        assert ready_after < 30, f"dev stack took {ready_after:.1f}s"
+        handle = await client.start_workflow(
+            "xid-recovery", {"cluster": "default", "node": "gpu-node-1", "gpu": 2, "xid": 79, "dry_run": True},
+            id="xid-recovery/default/gpu-node-1", task_queue="fleetmedic", result_type=RunbookStatus)
+        report = await handle.result()
+        assert report.outcome == "remediated" and report.dry_run
+        assert any(a.startswith("would cordon node gpu-node-1") for a in report.actions)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
+    assert "Temporal UI  http://127.0.0.1:" in output
+    assert (state / "temporal.db").exists()  # history kept across restarts
+    leftovers = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True).stdout.split()
+    assert [pid for pid in leftovers if int(pid) != os.getpid()] == []
+
+
+async def _wait_for_worker(proc: subprocess.Popen[str], port: int, ui_port: int, started: float) -> Client:
+    deadline = started + 60
+    client = None
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[0]
+        try:
+            if client is None:
+                client = await Client.connect(f"127.0.0.1:{port}")
+            ui = httpx.get(f"http://127.0.0.1:{ui_port}/", timeout=2)
+            pollers = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+                namespace="default", task_queue=TaskQueue(name="fleetmedic"),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW))
+            if ui.status_code == 200 and pollers.pollers:
+                from temporalio.contrib.pydantic import pydantic_data_converter
+
+                return await Client.connect(f"127.0.0.1:{port}", data_converter=pydantic_data_converter)
+        except (httpx.HTTPError, RuntimeError):
+            pass
+        await asyncio.sleep(0.5)
+    raise AssertionError("the dev stack did not serve the UI with a polling worker within 60 s")
