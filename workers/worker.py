@@ -104,6 +104,11 @@ def metrics_runtime(port: int) -> Runtime | None:
 
 
 async def run_worker(settings: Settings, policy: Policy | None = None, stop: asyncio.Event | None = None) -> None:
+    # Handlers first: a SIGTERM that arrives while we connect still means a clean exit.
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     policy = policy or load_policy(settings.policy_path)
     client = await connect(runtime=metrics_runtime(settings.metrics_port))
     try:
@@ -111,10 +116,6 @@ async def run_worker(settings: Settings, policy: Policy | None = None, stop: asy
     except Exception:
         log.warning("continuing without registering search attributes; runbooks that upsert them will fail")
     worker = build_worker(client, settings, policy)
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     log.info("worker polling %s on %s (namespace %s)", settings.task_queue,
              client.service_client.config.target_host, client.namespace)
     async with worker:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import signal
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
