@@ -182,6 +182,21 @@ class EscalationPolicy(_Strict):
     reminder: Duration = Field(default_factory=lambda: _td(hours=1))
 
 
+class RetryBudget(_Strict):
+    """A bounded retry policy: after `attempts` the step escalates to a human."""
+
+    attempts: int = Field(ge=1, le=100)
+    initial_interval: Duration = Field(default_factory=lambda: _td(seconds=1))
+    max_interval: Duration = Field(default_factory=lambda: _td(seconds=30))
+
+
+class RetryPolicyConfig(_Strict):
+    # Reads are safe to repeat; writes get fewer attempts so a broken system reaches a human
+    # within minutes instead of being hammered for hours.
+    reads: RetryBudget = RetryBudget(attempts=8, max_interval=_td(seconds=20))
+    writes: RetryBudget = RetryBudget(attempts=5)
+
+
 class NotifyPolicy(_Strict):
     slack_channel: str | None = None  # FLEETMEDIC_SLACK_CHANNEL wins when set
 
@@ -201,6 +216,7 @@ class Policy(_Strict):
     storage: StoragePolicy = StoragePolicy()
     escalation: EscalationPolicy = EscalationPolicy()
     notify: NotifyPolicy = NotifyPolicy()
+    retries: RetryPolicyConfig = RetryPolicyConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:

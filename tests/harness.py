@@ -45,6 +45,8 @@ def quick_policy(tmp_path: Path, **overrides: Any) -> Policy:
                   "job_resume_deadline": "90s"},
         "storage": {"root": str(tmp_path / "checkpoints"), "layout": "{job_id}/step-*", "step_pattern": r"(\d+)"},
         "escalation": {"slack_mention": "@oncall", "reminder": "1h"},
+        "retries": {"reads": {"attempts": 8, "initial_interval": "200ms", "max_interval": "2s"},
+                    "writes": {"attempts": 5, "initial_interval": "200ms", "max_interval": "1s"}},
     }
     for key, value in overrides.items():
         doc[key] = {**doc.get(key, {}), **value} if isinstance(value, dict) else value

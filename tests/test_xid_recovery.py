@@ -1,55 +1,316 @@
-"""xid-recovery end to end: real Temporal dev server, real Slurm, the Kubernetes emulator."""
+"""xid-recovery end to end: real Temporal dev server, real Slurm, the Kubernetes emulator, stand-ins."""
 
 from __future__ import annotations
 
 import asyncio
-import uuid
+import time
+from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import pytest
 from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy
 
 from fleetmedic.ids import node_workflow_id
-from fleetmedic.models import NodeRunbookInput, RunbookStatus
-from tests.harness import CHECKPOINTING_JOB, job_on, provider_controller, quick_policy, settings_for, worker_for
+from fleetmedic.models import Alert, EscalationAnswer, NodeRunbookInput, RunbookStatus
+from fleetmedic.policy import Policy
+from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy, settings_for, worker_for
+from workers.audit import render_markdown, timeline
 from workers.devstack import fleet
+from workers.devstack.controllers import provider_controller
 from workers.devstack.kube_emulator import KubeEmulatorThread
 from workers.devstack.slurm_cluster import LocalSlurmCluster
 from workers.devstack.standins import ProviderStandIn, SlackStandIn
 
 
-def seed_node(kube: KubeEmulatorThread, name: str) -> None:
-    kube.emulator.put(fleet.node(name))
-    kube.emulator.put(fleet.pod(f"trainer-{name}", name, namespace="training", owner_kind="Job",
-                                labels={"app": "trainer"}, gpus=8))
-    kube.emulator.put(fleet.pod(f"serve-{name}", name, namespace="inference", labels={"app": "serve"}))
-    kube.emulator.put(fleet.pod(f"serve-other-{name}", "elsewhere", namespace="inference", labels={"app": "serve"}))
-    kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"}, min_available=1))
-    kube.emulator.put(fleet.pod(f"dcgm-{name}", name, namespace="gpu-operator", owner_kind="DaemonSet"))
+@dataclass
+class Stack:
+    client: Client
+    task_queue: str
+    kube: KubeEmulatorThread
+    slurm: LocalSlurmCluster
+    slack: SlackStandIn
+    provider: ProviderStandIn
+    tmp_path: Path
+
+    @property
+    def cluster(self) -> str:
+        return self.task_queue  # one cluster per test: workflow IDs never collide across tests
+
+    def policy(self, **overrides: Any) -> Policy:
+        return quick_policy(self.tmp_path, provider={"kind": "http", "http": {"url": self.provider.url}},
+                            **overrides)
+
+    def seed(self) -> None:
+        for name in self.slurm.nodes:
+            self.kube.emulator.put(fleet.node(name))
+            self.kube.emulator.put(fleet.pod(f"trainer-{name}", name, namespace="training", owner_kind="Job",
+                                             labels={"app": "trainer"}, gpus=8))
+            self.kube.emulator.put(fleet.pod(f"serve-{name}", name, namespace="inference", labels={"app": "serve"}))
+            self.kube.emulator.put(fleet.pod(f"dcgm-{name}", name, namespace="gpu-operator", owner_kind="DaemonSet"))
+        # Another replica elsewhere keeps the PDB satisfiable: one eviction at a time is allowed.
+        self.kube.emulator.put(fleet.pod("serve-elsewhere", "cpu-node", namespace="inference",
+                                         labels={"app": "serve"}))
+        self.kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
+                                         min_available=1))
+
+    async def run(self, node: str, xid: int = 79, gpu: int = 3, *, policy: Policy | None = None,
+                  controller: bool = True, replace_s: float = 1.0, dry_run: bool = False, timeout: float = 120,
+                  during: Any = None) -> tuple[RunbookStatus, WorkflowHandle[Any, RunbookStatus]]:
+        settings = settings_for(self.task_queue, self.kube, slurm=self.slurm, slack=self.slack, provider=self.provider)
+        replacing: AbstractContextManager[Any] = (provider_controller(self.kube, self.provider, replace_s) if controller
+                                                  else nullcontext())
+        with replacing:
+            async with worker_for(self.client, settings, policy or self.policy()):
+                handle = await self.client.start_workflow(
+                    "xid-recovery", NodeRunbookInput(cluster=self.cluster, node=node, gpu=gpu, xid=xid,
+                                                     dry_run=dry_run),
+                    id=node_workflow_id("xid-recovery", self.cluster, node), task_queue=self.task_queue,
+                    result_type=RunbookStatus)
+                try:
+                    if during is not None:
+                        await during(handle)
+                    report = await asyncio.wait_for(handle.result(), timeout)
+                except BaseException:
+                    await handle.terminate("test failed")  # never leave a run behind for the next test
+                    raise
+        return report, handle
+
+    def slurm_state(self, node: str) -> tuple[str, str]:
+        out = self.slurm.run("sinfo", "-h", "-n", node, "-o", "%t|%E").stdout.strip()
+        state, _, reason = out.partition("|")
+        return state.rstrip("*"), reason
+
+    def node(self, name: str) -> dict[str, Any]:
+        obj = self.kube.emulator.get("v1", "Node", name)
+        assert obj is not None
+        return obj
+
+    def node_writes(self, name: str) -> list[Any]:
+        return [r for r in self.kube.emulator.mutations() if r.url.path == f"/api/v1/nodes/{name}"]
 
 
-async def test_xid79_replaces_node_and_job_resumes(client: Client, task_queue: str, kube: KubeEmulatorThread,
-                                                  slurm: LocalSlurmCluster, slack: SlackStandIn,
-                                                  provider_http: ProviderStandIn, tmp_path: Path) -> None:
-    policy = quick_policy(tmp_path, provider={"kind": "http", "http": {"url": provider_http.url}})
-    job = slurm.submit(CHECKPOINTING_JOB.format(root=policy.storage.root))
-    node = job_on(slurm, job)
-    for name in slurm.nodes:
-        seed_node(kube, name)
-    settings = settings_for(task_queue, kube, slurm=slurm, slack=slack, provider=provider_http)
-    workflow_id = node_workflow_id("xid-recovery", "test", node)
-    with provider_controller(kube, provider_http):
-        async with worker_for(client, settings, policy):
-            handle: WorkflowHandle = await client.start_workflow(
-                "xid-recovery", NodeRunbookInput(cluster="test", node=node, gpu=3, xid=79), id=workflow_id,
-                task_queue=task_queue, result_type=RunbookStatus)
-            report = await asyncio.wait_for(handle.result(), 120)
+@pytest.fixture
+async def stack(client: Client, task_queue: str, kube: KubeEmulatorThread, slurm: LocalSlurmCluster,
+                slack: SlackStandIn, provider_http: ProviderStandIn, tmp_path: Path) -> AsyncIterator[Stack]:
+    s = Stack(client, task_queue, kube, slurm, slack, provider_http, tmp_path)
+    s.seed()
+    yield s
+
+
+def wait_for(predicate: Any, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not met in time")
+
+
+async def status_when(handle: WorkflowHandle[Any, Any], predicate: Any, timeout: float = 60) -> RunbookStatus:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = await handle.query("status", result_type=RunbookStatus)
+        if predicate(status):
+            return status
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"status never matched: {status}")
+
+
+async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None:
+    policy = stack.policy()
+    job = stack.slurm.submit(CHECKPOINTING_JOB.format(root=policy.storage.root))
+    node = job_on(stack.slurm, job)
+    # The replacement takes longer than Slurm needs to restart the job: it must move to another node.
+    report, handle = await stack.run(node, policy=policy, replace_s=12)
+
     assert report.outcome == "remediated", report
-    from workers.audit import render_markdown, timeline
-    print(render_markdown(timeline(client, await handle.fetch_history())))
-    log = (Path(policy.storage.root) / f"{job}.log").read_text()
-    assert "sigterm" in log
-    assert log.count("start ") == 2, log
-    assert len(provider_http.accepted()) == 1
-    state = slurm.run("sinfo", "-h", "-n", node, "-o", "%t").stdout.strip()
-    assert state == "idle" or state == "mix" or state == "alloc", state
-    assert uuid
+    # The job got SIGTERM, wrote a checkpoint before it was killed, was requeued and runs again elsewhere.
+    log = (Path(policy.storage.root) / f"{job}.log").read_text().splitlines()
+    assert log[0].startswith(f"start host={node} restarts=0 step=0")
+    assert log[1].startswith("sigterm")
+    assert log[2].startswith("start host=") and "restarts=1 step=1" in log[2] and f"host={node}" not in log[2]
+    assert any(f"job {job} resumes from step 1" in d.result for d in report.decisions)
+    assert any(f"job {job} runs again" in d.result for d in report.decisions)
+    # Slurm: DOWN with our reason during the run, RESUMEd at the end.
+    reason = f"fleetmedic: XID 79 on GPU 3 (xid-recovery/{stack.cluster}/{node})"
+    assert any(d.result == f"set DOWN Slurm node {node}: {reason}" for d in report.decisions)
+    assert stack.slurm_state(node)[0] in ("idle", "mix", "alloc")
+    assert stack.slurm_state(node)[1] == "none"
+    # Kubernetes: cordoned (annotated), drained with the PDB respected and the DaemonSet pod untouched, returned.
+    evictions = [r.url.path for r in stack.kube.emulator.mutations() if r.url.path.endswith("/eviction")]
+    assert sorted(evictions) == sorted([f"/api/v1/namespaces/training/pods/trainer-{node}/eviction",
+                                        f"/api/v1/namespaces/inference/pods/serve-{node}/eviction"])
+    assert stack.kube.emulator.get("v1", "Pod", f"dcgm-{node}", "gpu-operator") is not None
+    assert stack.kube.emulator.get("v1", "Pod", "serve-elsewhere", "inference") is not None
+    assert not stack.node(node)["spec"].get("unschedulable")
+    assert "fleetmedic.io/workflow" not in stack.node(node)["metadata"].get("annotations", {})
+    # The provider was asked exactly once; an Event and a Slack thread exist.
+    assert [(r["node"], r["action"]) for r in stack.provider.accepted()] == [(node, "replace")]
+    events = stack.kube.emulator.list("v1", "Event")
+    assert [e["reason"] for e in events] == ["FleetMedicRemediated"]
+    threads = stack.slack.threads()
+    assert len(threads) == 1 and len(next(iter(threads.values()))) >= 2
+    # The search attributes carry the outcome; the audit reads the whole story from the history.
+    description = await handle.describe()
+    assert description.typed_search_attributes is not None
+    audit = render_markdown(timeline(stack.client, await handle.fetch_history()))
+    assert "Outcome: **remediated**" in audit and "provider.request (ok" in audit and "k8s.cordon_node" in audit
+
+
+async def test_opt_out_pod_stops_every_destructive_step(stack: Stack) -> None:
+    stack.kube.emulator.put(fleet.pod("precious", "gpu-node-1", labels={"fleetmedic.io/remediation": "disabled"}))
+    report, _ = await stack.run("gpu-node-1")
+    assert report.outcome == "opted-out"
+    assert "pod default/precious has fleetmedic.io/remediation=disabled" in report.decisions[-1].result
+    assert stack.node_writes("gpu-node-1") == []
+    assert stack.slurm_state("gpu-node-1")[0] == "idle"
+    assert stack.provider.requests == []
+
+
+async def test_dry_run_changes_nothing_and_the_audit_says_what_would_happen(stack: Stack) -> None:
+    report, handle = await stack.run("gpu-node-0", dry_run=True)
+    assert report.outcome == "remediated" and report.dry_run
+    assert [r for r in stack.kube.emulator.mutations()] == []
+    assert stack.provider.requests == []
+    assert stack.slurm_state("gpu-node-0") == ("idle", "none")
+    audit = render_markdown(timeline(stack.client, await handle.fetch_history()))
+    assert "shadow mode: nothing was changed" in audit
+    for line in ("would set DOWN Slurm node gpu-node-0", "would cordon node gpu-node-0", "would evict 2 pod(s)",
+                 "would ask http to replace node gpu-node-0", "would uncordon node gpu-node-0"):
+        assert line in audit, line
+    assert "shadow mode" in stack.slack.messages[0]["text"]
+
+
+async def test_node_that_never_comes_back_stays_quarantined_and_says_why(stack: Stack) -> None:
+    policy = stack.policy(grace={"node_ready_deadline": "6s"})
+    report, _ = await stack.run("gpu-node-2", policy=policy, controller=False)
+    assert report.outcome == "quarantined"
+    node = stack.node("gpu-node-2")
+    assert node["spec"]["unschedulable"] is True
+    assert "did not come back healthy" in report.decisions[-1].result
+    assert "not back in service after XID 79" in node["metadata"]["annotations"]["fleetmedic.io/quarantine-reason"]
+    assert stack.slurm_state("gpu-node-2")[0] == "down"
+    assert any("@oncall" in m["text"] and "stays out of service" in m["text"] for m in stack.slack.messages)
+
+
+async def test_provider_failure_escalates_and_an_operator_aborts(stack: Stack) -> None:
+    stack.provider.fail_next(503, times=100)
+
+    async def operator_aborts(handle: WorkflowHandle[Any, Any]) -> None:
+        status = await status_when(handle, lambda s: s.escalation is not None)
+        assert status.escalation is not None and status.escalation.step == "replace"
+        assert "Unavailable" in status.escalation.error
+        await handle.signal("answer", EscalationAnswer(action="abort", by="alice", reason="hardware team on it"))
+
+    policy = stack.policy()
+    report, _ = await stack.run("gpu-node-0", policy=policy, during=operator_aborts)
+    assert report.outcome == "aborted"
+    assert any(d.result == "alice answered abort: hardware team on it" for d in report.decisions)
+    assert stack.node("gpu-node-0")["spec"]["unschedulable"] is True  # left out of service, annotated
+    assert "run aborted by alice" in stack.node("gpu-node-0")["metadata"]["annotations"][
+        "fleetmedic.io/quarantine-reason"]
+    assert any("@oncall" in m["text"] and "failed after its retries" in m["text"] for m in stack.slack.messages)
+
+
+async def test_provider_failure_then_retry_continues(stack: Stack) -> None:
+    stack.provider.fail_next(500, times=5)  # exactly the retry budget of a write
+
+    async def operator_retries(handle: WorkflowHandle[Any, Any]) -> None:
+        await status_when(handle, lambda s: s.escalation is not None)
+        await handle.signal("answer", EscalationAnswer(action="retry", by="bob"))
+
+    report, _ = await stack.run("gpu-node-0", during=operator_retries)
+    assert report.outcome == "remediated"
+    assert len(stack.provider.accepted()) == 1
+
+
+async def test_slurm_controller_down_for_a_while(stack: Stack) -> None:
+    ctld = stack.slurm.procs["slurmctld"]
+    ctld.kill()
+    ctld.wait()
+
+    async def controller_returns(handle: WorkflowHandle[Any, Any]) -> None:
+        await asyncio.sleep(6)
+        stack.slurm._spawn("slurmctld", ["slurmctld", "-D", "-f", str(stack.slurm.conf)])
+
+    report, _ = await stack.run("gpu-node-1", during=controller_returns, timeout=180)
+    assert report.outcome == "remediated", report.decisions
+    assert stack.slurm_state("gpu-node-1")[1] == "none"
+
+
+async def test_duplicate_alert_attaches_to_the_running_workflow(stack: Stack) -> None:
+    alert = Alert(status="firing", labels={"alertname": "GpuXid", "node": "gpu-node-0", "xid": "79", "gpu": "3"},
+                  fingerprint="abc", startsAt=datetime.now(UTC))
+
+    async def second_alert(handle: WorkflowHandle[Any, Any]) -> None:
+        again = await stack.client.start_workflow(
+            "xid-recovery", NodeRunbookInput(cluster=stack.cluster, node="gpu-node-0", gpu=3, xid=79, alert=alert),
+            id=handle.id, task_queue=stack.task_queue, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
+        assert again.result_run_id == handle.result_run_id
+        await handle.signal("alert", alert)
+
+    report, handle = await stack.run("gpu-node-0", during=second_alert)
+    assert report.outcome == "remediated"
+    runs = [w async for w in stack.client.list_workflows(f'WorkflowId = "{handle.id}"')]
+    assert len(runs) == 1
+    assert len(stack.provider.accepted()) == 1
+
+
+async def test_application_xid_only_notifies(stack: Stack) -> None:
+    policy = stack.policy(xid={"application_burst": {"count": 3, "window": "3s"}})
+    report, _ = await stack.run("gpu-node-0", xid=13, policy=policy)
+    assert report.outcome == "notified"
+    assert stack.kube.emulator.mutations() == [r for r in stack.kube.emulator.mutations()
+                                               if r.url.path.endswith("/events")]
+    assert stack.slurm_state("gpu-node-0") == ("idle", "none")
+
+
+async def test_application_xid_burst_escalates_to_diagnosis(stack: Stack) -> None:
+    policy = stack.policy(xid={"application_burst": {"count": 3, "window": "1h"}})
+
+    async def repeats(handle: WorkflowHandle[Any, Any]) -> None:
+        await status_when(handle, lambda s: s.step == "watch for repeats")
+        for _ in range(2):
+            await handle.signal("alert", Alert(status="firing", labels={"xid": "13", "gpu": "3"},
+                                               startsAt=datetime.now(UTC)))
+
+    report, _ = await stack.run("gpu-node-0", xid=13, policy=policy, during=repeats)
+    assert report.outcome == "escalated"
+    assert "burst" in report.decisions[-1].result
+    assert stack.provider.requests == [] and stack.slurm_state("gpu-node-0") == ("idle", "none")
+
+
+async def test_destructive_xid_during_the_watch_remediates(stack: Stack) -> None:
+    policy = stack.policy(xid={"application_burst": {"count": 5, "window": "1h"}})
+
+    async def fatal_follows(handle: WorkflowHandle[Any, Any]) -> None:
+        await status_when(handle, lambda s: s.step == "watch for repeats")
+        await handle.signal("alert", Alert(status="firing", labels={"xid": "79", "gpu": "1"}))
+
+    report, _ = await stack.run("gpu-node-0", xid=13, policy=policy, during=fatal_follows)
+    assert report.outcome == "remediated"
+    assert any("XID 79 on GPU 1" in d.result for d in report.decisions)
+
+
+async def test_reset_class_xid_without_an_agent_falls_back_to_reboot(stack: Stack) -> None:
+    report, _ = await stack.run("gpu-node-1", xid=48)
+    assert report.outcome == "remediated"
+    assert [(r["node"], r["action"]) for r in stack.provider.accepted()] == [("gpu-node-1", "reboot")]
+    assert any("falling back to reboot" in d.result for d in report.decisions)
+
+
+async def test_pause_holds_the_next_destructive_step(stack: Stack) -> None:
+    async def pause_then_resume(handle: WorkflowHandle[Any, Any]) -> None:
+        await handle.signal("pause", {"by": "carol", "reason": "maintenance window"})
+        status = await status_when(handle, lambda s: s.waiting_for is not None and "resume" in s.waiting_for)
+        assert status.paused is not None and status.paused.by == "carol"
+        assert stack.provider.requests == []
+        await handle.signal("resume", {"by": "carol"})
+
+    report, _ = await stack.run("gpu-node-2", during=pause_then_resume)
+    assert report.outcome == "remediated"

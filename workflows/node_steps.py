@@ -16,7 +16,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
 from temporalio.exceptions import ActivityError
 
-from workflows.runbook import NO_ARG, READ_RETRY, SHORT, Runbook
+from workflows.runbook import NO_ARG, SHORT, Runbook
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import ids
@@ -182,7 +182,7 @@ class NodeRunbook(Runbook):
             EvictRequest(node=self.node, deadline_s=deadline.total_seconds(), dry_run=self.dry_run,
                          workflow_id=self.workflow_id, selector=selector),
             EvictionReport, timeout=deadline + timedelta(minutes=1), heartbeat=timedelta(seconds=30),
-            retry=READ_RETRY)
+            retry=self.retry("writes"))
         if report is not None:
             self.actions.append(ActionResult(
                 system="kubernetes", action="evict", target=f"{len(report.evicted)} pod(s) from node {self.node}",
@@ -207,7 +207,8 @@ class NodeRunbook(Runbook):
         await self.gate(action)
         result = await self.call(action, "provider.request", ProviderRequest(
             cluster=self.cluster, node=self.node, action=action, reason=reason,
-            idempotency_key=self.idempotency_key(action), dry_run=self.dry_run), ProviderResult, retry=READ_RETRY)
+            idempotency_key=self.idempotency_key(action), dry_run=self.dry_run), ProviderResult,
+            retry=self.retry("writes"))
         if result is None:
             return None
         self.actions.append(ActionResult(system="provider", action=f"ask {result.provider} to {action}",
@@ -284,7 +285,7 @@ class NodeRunbook(Runbook):
     async def _read_node(self) -> NodeInfo | None:
         try:
             node: NodeInfo = await workflow.execute_activity("k8s.get_node", self.node, result_type=NodeInfo,
-                                                   start_to_close_timeout=SHORT, retry_policy=READ_RETRY,
+                                                   start_to_close_timeout=SHORT, retry_policy=self.retry(),
                                                    summary="wait for node Ready: k8s.get_node")
             return node
         except ActivityError:  # NotFound while a replacement registers: keep waiting

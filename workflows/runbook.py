@@ -43,12 +43,9 @@ with workflow.unsafe.imports_passed_through():
 
 T = TypeVar("T")
 
-# Reads are cheap and safe to repeat; writes get fewer attempts so a broken system escalates
-# to a human within minutes rather than hammering it for hours.
+# Until the policy is loaded (its own activity), the defaults of the policy apply.
 READ_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=20),
                          maximum_attempts=8, non_retryable_error_types=list(NON_RETRYABLE))
-WRITE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30),
-                          maximum_attempts=5, non_retryable_error_types=list(NON_RETRYABLE))
 NOTIFY_RETRY = RetryPolicy(maximum_attempts=2)
 SHORT = timedelta(seconds=30)
 NO_ARG: Any = object()  # `call(..., NO_ARG, ...)` for activities that take no argument
@@ -159,8 +156,16 @@ class Runbook:
 
     # --- activities ---------------------------------------------------------------------------
 
+    def retry(self, kind: str = "reads") -> RetryPolicy:
+        """The policy's bounded retry budget for reads or writes."""
+        if self.policy is None:
+            return READ_RETRY
+        budget = self.policy.retries.writes if kind == "writes" else self.policy.retries.reads
+        return RetryPolicy(initial_interval=budget.initial_interval, maximum_interval=budget.max_interval,
+                           maximum_attempts=budget.attempts, non_retryable_error_types=list(NON_RETRYABLE))
+
     async def call(self, step: str, activity: str, arg: Any, result_type: type[T], *,
-                   timeout: timedelta = SHORT, retry: RetryPolicy = READ_RETRY,
+                   timeout: timedelta = SHORT, retry: RetryPolicy | None = None,
                    heartbeat: timedelta | None = None, summary: str | None = None,
                    escalate: bool = True) -> T | None:
         """Run one activity; when its retries are exhausted, escalate and wait for an answer.
@@ -172,7 +177,8 @@ class Runbook:
             try:
                 result: T = await workflow.execute_activity(
                     activity, args=[] if arg is NO_ARG else [arg], result_type=result_type,
-                    start_to_close_timeout=timeout, heartbeat_timeout=heartbeat, retry_policy=retry,
+                    start_to_close_timeout=timeout, heartbeat_timeout=heartbeat,
+                    retry_policy=retry or self.retry("reads"),
                     summary=summary or f"{step}: {activity}",
                 )
             except ActivityError as err:
@@ -192,7 +198,7 @@ class Runbook:
     async def act(self, step: str, activity: str, arg: Any, *, timeout: timedelta = SHORT,
                   heartbeat: timedelta | None = None) -> ActionResult | None:
         """A mutating activity: returns what it did, or would have done in shadow mode."""
-        result = await self.call(step, activity, arg, ActionResult, timeout=timeout, retry=WRITE_RETRY,
+        result = await self.call(step, activity, arg, ActionResult, timeout=timeout, retry=self.retry("writes"),
                                  heartbeat=heartbeat)
         if result is not None:
             self.decide(step, result.summary)

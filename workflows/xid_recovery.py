@@ -21,7 +21,7 @@ the remediation path if a destructive XID arrives meanwhile.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 
@@ -41,6 +41,8 @@ class XidRecovery(NodeRunbook):
     def __init__(self, input: NodeRunbookInput) -> None:
         self._init_state(input.cluster, input.node, workflow.info().workflow_id, input.dry_run)
         self.input = input
+        # Every XID seen on this node during the run: (xid, gpu, when). Bursts and repeats count these.
+        self.occurrences: list[tuple[int, int | None, datetime]] = []
         if input.alert is not None:
             self.alerts.append(input.alert)
 
@@ -61,7 +63,7 @@ class XidRecovery(NodeRunbook):
         await self.load(input.xid)
         if input.xid is None:
             raise RunbookAborted("fleetmedic", "xid-recovery needs an XID")
-        verdict = self.classify(input.xid, input.gpu)
+        verdict = self.classify(input.xid, input.gpu, input.alert.starts_at if input.alert else None)
 
         self.enter("notify")
         await self.open_thread(f"XID {input.xid} on GPU {_gpu(input.gpu)} of `{self.node}`: {verdict.reason}")
@@ -74,11 +76,11 @@ class XidRecovery(NodeRunbook):
 
     # --- 1. classify ------------------------------------------------------------------------------
 
-    def classify(self, xid: int, gpu: int | None) -> XidClassification:
+    def classify(self, xid: int, gpu: int | None, at: datetime | None = None) -> XidClassification:
         assert self.policy is not None
         self.enter("classify")
-        earlier = [a.starts_at or workflow.now() for a in self.alerts[:-1]
-                   if a.status == "firing" and _label_int(a, "xid") == xid and _label_int(a, "gpu") == gpu]
+        earlier = [when for seen_xid, seen_gpu, when in self.occurrences if seen_xid == xid and seen_gpu == gpu]
+        self.occurrences.append((xid, gpu, at or workflow.now()))
         verdict = classify_xid(
             xid, self.policy.xid.catalog, unknown_action=self.policy.xid.unknown_action,
             application_burst=self.policy.xid.application_burst, reset_repeat=self.policy.xid.reset_repeat,
@@ -115,7 +117,7 @@ class XidRecovery(NodeRunbook):
                 self.decide("watch for repeats", f"alert attached: {alert.status} XID {xid} on GPU {_gpu(gpu)}")
                 if alert.status != "firing" or xid is None:
                     continue
-                again = self.classify(xid, gpu)
+                again = self.classify(xid, gpu, alert.starts_at)
                 if again.action is XidAction.DIAGNOSE:
                     return await self._escalate_burst(again)
                 if again.destructive:
