@@ -195,6 +195,9 @@ class RetryPolicyConfig(_Strict):
     # within minutes instead of being hammered for hours.
     reads: RetryBudget = RetryBudget(attempts=8, max_interval=_td(seconds=20))
     writes: RetryBudget = RetryBudget(attempts=5)
+    # start-to-close of one attempt of an ordinary call; a worker that dies mid-call is noticed
+    # after this long. Longer steps (drain) have their own deadline and heartbeat.
+    call_timeout: Duration = Field(default_factory=lambda: _td(seconds=30))
 
 
 class NotifyPolicy(_Strict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager, nullcontext
@@ -75,6 +76,7 @@ class Stack:
                     if during is not None:
                         await during(handle)
                     report = await asyncio.wait_for(handle.result(), timeout)
+                    await save_history(handle)
                 except BaseException:
                     await handle.terminate("test failed")  # never leave a run behind for the next test
                     raise
@@ -92,6 +94,15 @@ class Stack:
 
     def node_writes(self, name: str) -> list[Any]:
         return [r for r in self.kube.emulator.mutations() if r.url.path == f"/api/v1/nodes/{name}"]
+
+
+async def save_history(handle: WorkflowHandle[Any, Any]) -> None:
+    """FLEETMEDIC_SAVE_HISTORIES=dir keeps each finished run's history for the replay tests."""
+    target = os.environ.get("FLEETMEDIC_SAVE_HISTORIES")
+    if target:
+        history = await handle.fetch_history()
+        name = os.environ.get("PYTEST_CURRENT_TEST", "run").split("::")[-1].split(" ")[0]
+        Path(target, f"{name}.json").write_text(history.to_json())
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
 from temporalio.exceptions import ActivityError
 
-from workflows.runbook import NO_ARG, SHORT, Runbook
+from workflows.runbook import NO_ARG, Runbook
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import ids
@@ -181,7 +181,7 @@ class NodeRunbook(Runbook):
             "drain", "k8s.evict_pods",
             EvictRequest(node=self.node, deadline_s=deadline.total_seconds(), dry_run=self.dry_run,
                          workflow_id=self.workflow_id, selector=selector),
-            EvictionReport, timeout=deadline + timedelta(minutes=1), heartbeat=timedelta(seconds=30),
+            EvictionReport, timeout=deadline + timedelta(minutes=1), heartbeat=self.call_timeout(),
             retry=self.retry("writes"))
         if report is not None:
             self.actions.append(ActionResult(
@@ -285,7 +285,8 @@ class NodeRunbook(Runbook):
     async def _read_node(self) -> NodeInfo | None:
         try:
             node: NodeInfo = await workflow.execute_activity("k8s.get_node", self.node, result_type=NodeInfo,
-                                                   start_to_close_timeout=SHORT, retry_policy=self.retry(),
+                                                   start_to_close_timeout=self.call_timeout(),
+                                                   retry_policy=self.retry(),
                                                    summary="wait for node Ready: k8s.get_node")
             return node
         except ActivityError:  # NotFound while a replacement registers: keep waiting

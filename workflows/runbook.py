@@ -164,8 +164,11 @@ class Runbook:
         return RetryPolicy(initial_interval=budget.initial_interval, maximum_interval=budget.max_interval,
                            maximum_attempts=budget.attempts, non_retryable_error_types=list(NON_RETRYABLE))
 
+    def call_timeout(self) -> timedelta:
+        return self.policy.retries.call_timeout if self.policy else SHORT
+
     async def call(self, step: str, activity: str, arg: Any, result_type: type[T], *,
-                   timeout: timedelta = SHORT, retry: RetryPolicy | None = None,
+                   timeout: timedelta | None = None, retry: RetryPolicy | None = None,
                    heartbeat: timedelta | None = None, summary: str | None = None,
                    escalate: bool = True) -> T | None:
         """Run one activity; when its retries are exhausted, escalate and wait for an answer.
@@ -177,7 +180,7 @@ class Runbook:
             try:
                 result: T = await workflow.execute_activity(
                     activity, args=[] if arg is NO_ARG else [arg], result_type=result_type,
-                    start_to_close_timeout=timeout, heartbeat_timeout=heartbeat,
+                    start_to_close_timeout=timeout or self.call_timeout(), heartbeat_timeout=heartbeat,
                     retry_policy=retry or self.retry("reads"),
                     summary=summary or f"{step}: {activity}",
                 )
@@ -195,7 +198,7 @@ class Runbook:
                 self.actions.append(result)
             return result
 
-    async def act(self, step: str, activity: str, arg: Any, *, timeout: timedelta = SHORT,
+    async def act(self, step: str, activity: str, arg: Any, *, timeout: timedelta | None = None,
                   heartbeat: timedelta | None = None) -> ActionResult | None:
         """A mutating activity: returns what it did, or would have done in shadow mode."""
         result = await self.call(step, activity, arg, ActionResult, timeout=timeout, retry=self.retry("writes"),
@@ -242,7 +245,7 @@ class Runbook:
         self.thread = await workflow.execute_activity(
             "slack.notify_start", NotifyStart(workflow_id=self.workflow_id, runbook=self.runbook, node=self.node,
                                               text=text, dry_run=self.dry_run),
-            result_type=NotifyResult, start_to_close_timeout=SHORT, retry_policy=NOTIFY_RETRY,
+            result_type=NotifyResult, start_to_close_timeout=self.call_timeout(), retry_policy=NOTIFY_RETRY,
             summary="notify: open the Slack thread")
 
     async def say(self, text: str, mention: str | None = None) -> None:
@@ -253,7 +256,7 @@ class Runbook:
             await workflow.execute_activity(
                 "slack.notify_step", NotifyStep(channel=self.thread.channel, thread_ts=self.thread.ts, text=text,
                                                 mention=mention),
-                result_type=NotifyResult, start_to_close_timeout=SHORT, retry_policy=NOTIFY_RETRY,
+                result_type=NotifyResult, start_to_close_timeout=self.call_timeout(), retry_policy=NOTIFY_RETRY,
                 summary="notify: thread reply")
         except ActivityError:
             workflow.logger.warning("slack reply failed; continuing")

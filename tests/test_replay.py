@@ -1,0 +1,59 @@
+"""Saved histories of finished runs replay against the current workflow code.
+
+A change to a runbook that would break a run in flight fails here; such a change must go behind
+`workflow.patched(...)`. Regenerate the files (only for a deliberate, versioned change) with
+`FLEETMEDIC_SAVE_HISTORIES=tests/histories pytest tests/test_xid_recovery.py` and rename them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from temporalio import workflow
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+from temporalio.workflow import NondeterminismError
+
+from fleetmedic.models import NodeRunbookInput, RunbookStatus
+from workers.worker import sandbox_runner
+from workflows import WORKFLOWS
+from workflows.xid_recovery import XidRecovery
+
+HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+
+
+def load(path: Path) -> WorkflowHistory:
+    workflow_id = path.stem
+    return WorkflowHistory.from_json(workflow_id, json.loads(path.read_text()))
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+async def test_saved_history_replays(path: Path) -> None:
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter, workflow_runner=sandbox_runner())
+    await replayer.replay_workflow(load(path))
+
+
+def test_there_are_histories_to_replay() -> None:
+    assert {p.stem for p in HISTORIES} >= {"xid-recovery-remediated", "xid-recovery-aborted", "xid-recovery-shadow"}
+
+
+@workflow.defn(name="xid-recovery", sandboxed=False)
+class ReorderedXidRecovery(XidRecovery):
+    """The runbook with one extra step, as an unguarded code change would make it."""
+
+    @workflow.run
+    async def run(self, input: NodeRunbookInput) -> RunbookStatus:
+        return await super().run(input)
+
+    async def take_lease(self) -> None:
+        await workflow.sleep(1)
+        await super().take_lease()
+
+
+async def test_an_unguarded_change_is_caught() -> None:
+    replayer = Replayer(workflows=[ReorderedXidRecovery], data_converter=pydantic_data_converter)
+    with pytest.raises(NondeterminismError):
+        await replayer.replay_workflow(load(HISTORIES[[p.stem for p in HISTORIES].index("xid-recovery-remediated")]))
