@@ -155,10 +155,11 @@ class EventRequest(_Model):
 
 
 class WaitNodeReady(_Model):
+    """Watch one node until it is Ready with a Ready transition at or after `since`."""
+
     node: str
-    # When the provider replaces a node, a different name may come back with this label value.
+    since: datetime | None = None
     timeout_s: float = Field(60, gt=0)
-    poll_s: float = Field(2, gt=0)
 
 
 # --- Slurm -------------------------------------------------------------------------------------

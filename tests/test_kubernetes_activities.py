@@ -208,3 +208,31 @@ def test_kueue_workloads(kube: KubeEmulatorThread, k8s: KubernetesActivities) ->
                        "status": {"conditions": [{"type": "Admitted", "status": "True"}]}})
     assert run(k8s.list_kueue_workloads, "") == [{"name": "pretrain", "namespace": "training", "priority": 1000,
                                                   "queue": "train", "admitted": True}]
+
+
+def test_wait_node_ready_watches_until_the_node_is_back(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    from datetime import UTC, datetime
+
+    from fleetmedic.models import WaitNodeReady
+    from workers.devstack.controllers import set_ready
+
+    since = datetime.now(UTC).replace(microsecond=0)
+    set_ready(kube, "n1", False)
+    threading.Timer(1.0, set_ready, (kube, "n1", True)).start()
+    back = run(k8s.wait_node_ready, WaitNodeReady(node="n1", since=since, timeout_s=20))
+    assert back is not None and back.ready and back.ready_since is not None and back.ready_since >= since
+    gets = [r for r in kube.emulator._requests if r.params.get("watch") == "true"]
+    assert gets, "the activity watches instead of polling"
+
+
+def test_wait_node_ready_times_out_and_waits_for_a_missing_node(kube: KubeEmulatorThread,
+                                                                k8s: KubernetesActivities) -> None:
+    from datetime import UTC, datetime
+
+    from fleetmedic.models import WaitNodeReady
+
+    assert run(k8s.wait_node_ready, WaitNodeReady(node="n1", since=datetime.now(UTC).replace(year=2030),
+                                                  timeout_s=1.5)) is None
+    threading.Timer(1.0, lambda: kube.emulator.put(fleet.node("replacement"))).start()
+    back = run(k8s.wait_node_ready, WaitNodeReady(node="replacement", timeout_s=20))
+    assert back is not None and back.name == "replacement"

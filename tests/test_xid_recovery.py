@@ -25,7 +25,7 @@ from workers.devstack import fleet
 from workers.devstack.controllers import provider_controller
 from workers.devstack.kube_emulator import KubeEmulatorThread
 from workers.devstack.slurm_cluster import LocalSlurmCluster
-from workers.devstack.standins import ProviderStandIn, SlackStandIn
+from workers.devstack.standins import AgentStandIn, ProviderStandIn, SlackStandIn
 
 
 @dataclass
@@ -61,8 +61,11 @@ class Stack:
 
     async def run(self, node: str, xid: int = 79, gpu: int = 3, *, policy: Policy | None = None,
                   controller: bool = True, replace_s: float = 1.0, dry_run: bool = False, timeout: float = 120,
-                  during: Any = None) -> tuple[RunbookStatus, WorkflowHandle[Any, RunbookStatus]]:
-        settings = settings_for(self.task_queue, self.kube, slurm=self.slurm, slack=self.slack, provider=self.provider)
+                  during: Any = None, agent: AgentStandIn | None = None,
+                  ) -> tuple[RunbookStatus, WorkflowHandle[Any, RunbookStatus]]:
+        extra = {"agent_url": agent.url_template, "agent_token": agent.token} if agent else {}
+        settings = settings_for(self.task_queue, self.kube, slurm=self.slurm, slack=self.slack, provider=self.provider,
+                                **extra)
         replacing: AbstractContextManager[Any] = (provider_controller(self.kube, self.provider, replace_s) if controller
                                                   else nullcontext())
         with replacing:
@@ -325,3 +328,25 @@ async def test_pause_holds_the_next_destructive_step(stack: Stack) -> None:
 
     report, _ = await stack.run("gpu-node-2", during=pause_then_resume)
     assert report.outcome == "remediated"
+
+
+async def test_reset_class_xid_resets_the_gpu_through_the_agent_and_validates(stack: Stack) -> None:
+    with AgentStandIn() as agent:
+        assert isinstance(agent, AgentStandIn)
+        # An in-place reset keeps the node Ready: the agent's validation is the proof, not a transition.
+        report, _ = await stack.run("gpu-node-1", xid=48, gpu=5, agent=agent, controller=False)
+    assert report.outcome == "remediated", report.decisions
+    assert agent.resets == [("gpu-node-1", 5)]
+    assert stack.provider.requests == []
+    assert any(d.step == "validate" and d.result == "passed" for d in report.decisions)
+
+
+async def test_failed_validation_leaves_the_node_quarantined(stack: Stack) -> None:
+    with AgentStandIn() as agent:
+        assert isinstance(agent, AgentStandIn)
+        agent.passed = False
+        report, _ = await stack.run("gpu-node-2", agent=agent)
+    assert report.outcome == "quarantined"
+    assert any(d.step == "validate" and "XID 79 on GPU 3" in d.result for d in report.decisions)
+    assert stack.node("gpu-node-2")["spec"]["unschedulable"] is True
+    assert stack.slurm_state("gpu-node-2")[0] == "down"

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import shutil
 import signal
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -52,6 +53,7 @@ def build_activities(settings: Settings, policy: Policy,
     kube_client = api_client or cache(lambda: load_api_client(settings.kubeconfig))
     dry = settings.dry_run
     kubernetes = KubernetesActivities(kube_client, policy, timeout_s=settings.kube_timeout_s, force_dry_run=dry)
+    threading.Thread(target=kubernetes.warm, name="kubernetes-warm-up", daemon=True).start()
     cli = SlurmCli(settings.slurm_conf, settings.slurm_timeout_s)
     reader = (SlurmRest(settings.slurmrestd_url, settings.slurm_jwt or "", settings.slurm_user,
                         settings.slurm_timeout_s) if settings.slurmrestd_url else None)

@@ -9,6 +9,7 @@ xid-recovery, hot-gpu-pull and nvlink-fault-replace compose these; none copies t
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -16,7 +17,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
 from temporalio.exceptions import ActivityError
 
-from workflows.runbook import NO_ARG, Runbook
+from workflows.runbook import Runbook
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import ids
@@ -39,11 +40,15 @@ with workflow.unsafe.imports_passed_through():
         SlurmNodeState,
         Validate,
         Validation,
+        WaitNodeReady,
     )
     from fleetmedic.policy import Policy
 
 POLL = timedelta(seconds=2)
-NODE_POLL = timedelta(seconds=5)
+
+
+async def _nothing() -> None:
+    return None
 
 
 class OptedOut(Exception):
@@ -57,16 +62,22 @@ class NodeRunbook(Runbook):
 
     context: RunContext
     mutated = False  # any destructive step done (or, in shadow mode, would have been)
+    out_since: datetime | None = None  # when the node left service (Slurm DOWN/DRAIN and cordon)
+    back_at: datetime | None = None  # when it returned
+    node_gpus = 0
 
     # --- start ----------------------------------------------------------------------------------
 
     async def load(self, xid: int | None = None) -> Policy:
         self.enter("load policy")
-        policy = await self.call("load policy", "config.policy", NO_ARG, Policy)
-        context = await self.call("load policy", "config.context", NO_ARG, RunContext)
-        assert policy is not None and context is not None, "policy and context cannot be skipped"
-        self.policy, self.context = policy, context
-        if policy.shadow.enabled_for(self.runbook) and not self.dry_run:
+        # Local activities: the worker's own configuration, no round trip through the task queue.
+        policy, context = await asyncio.gather(
+            workflow.execute_local_activity("config.policy", result_type=Policy,
+                                            start_to_close_timeout=timedelta(seconds=10)),
+            workflow.execute_local_activity("config.context", result_type=RunContext,
+                                            start_to_close_timeout=timedelta(seconds=10)))
+        self.policy, self.context = Policy.model_validate(policy), RunContext.model_validate(context)
+        if self.policy.shadow.enabled_for(self.runbook) and not self.dry_run:
             self.dry_run = True
             self.decide("load policy", f"shadow mode for {self.runbook} (policy): nothing will be changed")
         attributes: list[SearchAttributeUpdate[Any]] = [
@@ -75,7 +86,7 @@ class NodeRunbook(Runbook):
         if xid is not None:
             attributes.append(ids.FLEET_XID.value_set(xid))
         workflow.upsert_search_attributes(attributes)
-        return policy
+        return self.policy
 
     def target(self, reason: str = "") -> NodeTarget:
         return NodeTarget(node=self.node, workflow_id=self.workflow_id, reason=reason, dry_run=self.dry_run)
@@ -102,19 +113,32 @@ class NodeRunbook(Runbook):
 
     # --- Slurm ------------------------------------------------------------------------------------
 
-    async def quarantine_in_slurm(self, state: SlurmNodeState, reason: str) -> list[SlurmJob]:
-        """Take the node out of Slurm (running jobs get SIGTERM); return the jobs that ran there."""
-        if not self.context.slurm_enabled:
-            self.decide("quarantine in Slurm", "skipped: Slurm is not enabled on this worker")
-            return []
-        jobs = await self.call("quarantine in Slurm", "slurm.jobs_on_node", self.node, list[SlurmJob]) or []
-        await self.gate("quarantine in Slurm")
-        await self.act("quarantine in Slurm", "slurm.set_node_state",
-                       SetSlurmNodeState(node=self.node, state=state, reason=reason, dry_run=self.dry_run))
+    async def take_out_of_service(self, state: SlurmNodeState, reason: str) -> list[SlurmJob]:
+        """Slurm DOWN/DRAIN (running jobs get SIGTERM) and the Kubernetes cordon, at the same moment.
+
+        The cordon only stops new pods from landing on a node that is going away, so it does not
+        wait for the checkpoint grace (the drain does); doing both at once is what takes a bad
+        node out of service within a second of the alert. Returns the Slurm jobs that ran there.
+        """
+        slurm = self.context.slurm_enabled
+        jobs, node, _ = await asyncio.gather(
+            self.call("take out of service", "slurm.jobs_on_node", self.node, list[SlurmJob]) if slurm
+            else _nothing(),
+            self.call("take out of service", "k8s.get_node", self.node, NodeInfo),
+            self.gate("take out of service"))
+        self.node_gpus = node.gpu_allocatable if node else 0
+        self.out_since = workflow.now()
+        if not slurm:
+            self.decide("take out of service", "Slurm: skipped, not enabled on this worker")
+        await asyncio.gather(
+            self.act("take out of service", "slurm.set_node_state",
+                     SetSlurmNodeState(node=self.node, state=state, reason=reason, dry_run=self.dry_run))
+            if slurm else _nothing(),
+            self.act("take out of service", "k8s.cordon_node", self.target(reason)))
         if jobs:
-            self.decide("quarantine in Slurm", "jobs on the node: " + ", ".join(
+            self.decide("take out of service", "jobs on the node: " + ", ".join(
                 f"{j.job_id} ({j.name}, restarts {j.restart_count})" for j in jobs))
-        return jobs
+        return jobs or []
 
     async def grace_for_checkpoints(self, jobs: list[SlurmJob], signalled_at: datetime,
                                     grace: timedelta) -> dict[int, Checkpoint | None]:
@@ -171,10 +195,9 @@ class NodeRunbook(Runbook):
 
     # --- Kubernetes -----------------------------------------------------------------------------
 
-    async def cordon_and_drain(self, reason: str, selector: str | None = None) -> EvictionReport | None:
+    async def drain(self, selector: str | None = None) -> EvictionReport | None:
+        """Evict the node's pods (PDBs honoured, DaemonSets skipped, a deadline), after the grace."""
         assert self.policy is not None
-        await self.gate("cordon")
-        await self.act("cordon", "k8s.cordon_node", self.target(reason))
         await self.gate("drain")
         deadline = self.policy.grace.eviction_deadline
         report = await self.call(
@@ -248,24 +271,31 @@ class NodeRunbook(Runbook):
 
     # --- back in service ----------------------------------------------------------------------
 
-    async def wait_back_and_validate(self, requested_at: datetime, expected_gpus: int | None) -> bool:
-        """Durable wait for the node to be Ready again after `requested_at`, then the agent's verdict."""
+    async def wait_back_and_validate(self, requested_at: datetime, expected_gpus: int | None,
+                                     rejoined: bool = True) -> bool:
+        """Durable wait for the node to be Ready, then the agent's verdict.
+
+        `rejoined`: the node was replaced or rebooted, so only a Ready transition after
+        `requested_at` counts (the old Ready status is stale). An in-place GPU reset keeps the
+        node Ready; there the agent's validation (no XID since the reset) is the proof.
+        """
         assert self.policy is not None
         self.enter("wait for node Ready")
         if self.dry_run:
             self.decide("wait for node Ready", "would wait for the node to come back Ready and validate it")
             return True
         deadline = workflow.now() + self.policy.grace.node_ready_deadline
+        since = requested_at.replace(microsecond=0)  # Ready transitions have second precision
         back: NodeInfo | None = None
-        while workflow.now() < deadline:
-            node = await self._read_node()
-            if node is not None and node.ready and (
-                    (node.ready_since is not None and node.ready_since >= requested_at.replace(microsecond=0))
-                    or self.replaced_signal is not None):
-                back = node
-                break
+        while back is None and workflow.now() < deadline:
             self.waiting_for = f"node {self.node} Ready after {requested_at.isoformat()} (until {deadline.isoformat()})"
-            await workflow.sleep(NODE_POLL, summary="wait for node Ready: poll")
+            window = min(deadline - workflow.now(), timedelta(minutes=5))
+            back = await self.call(
+                "wait for node Ready", "k8s.wait_node_ready",
+                WaitNodeReady(node=self.node, since=since if rejoined and not self.replaced_signal else None,
+                              timeout_s=max(window.total_seconds(), 1)),
+                NodeInfo, timeout=window + self.call_timeout(), heartbeat=self.call_timeout(),
+                summary="wait for node Ready: watch")
             self.check_abort()
         if back is None:
             self.decide("wait for node Ready", f"node {self.node} did not come back Ready within "
@@ -282,19 +312,10 @@ class NodeRunbook(Runbook):
         self.decide("validate", "passed" if verdict.passed else f"failed: {', '.join(failed)}")
         return verdict.passed
 
-    async def _read_node(self) -> NodeInfo | None:
-        try:
-            node: NodeInfo = await workflow.execute_activity("k8s.get_node", self.node, result_type=NodeInfo,
-                                                   start_to_close_timeout=self.call_timeout(),
-                                                   retry_policy=self.retry(),
-                                                   summary="wait for node Ready: k8s.get_node")
-            return node
-        except ActivityError:  # NotFound while a replacement registers: keep waiting
-            return None
-
     async def return_to_service(self, resume_slurm: bool) -> None:
         """Recovery steps: never gated by a pause or a lease (a paused fleet must still heal)."""
         self.enter("return to service")
+        self.back_at = workflow.now()
         await self.act("return to service", "k8s.uncordon_node", self.target())
         if resume_slurm and self.context.slurm_enabled:
             await self.act("return to service", "slurm.set_node_state",
@@ -344,4 +365,18 @@ class NodeRunbook(Runbook):
         prefix = "shadow run: " if self.dry_run else ""
         await self.say(f"*{outcome}*: {prefix}{message}")
         self.decide("record outcome", f"{outcome}: {message}")
+        self.record_metrics(outcome)
         return self.finish(outcome)
+
+    def record_metrics(self, outcome: str) -> None:
+        """Runbooks by outcome, time to repair and GPU-hours lost, on the worker's /metrics.
+        (The SDK drops metrics recorded while replaying, so each run counts once.)"""
+        meter = workflow.metric_meter().with_additional_attributes(
+            {"runbook": self.runbook, "cluster": self.cluster, "outcome": outcome, "dry_run": str(self.dry_run)})
+        meter.create_counter("fleetmedic_runbooks_finished", "runbooks finished, by outcome").add(1)
+        meter.create_histogram_timedelta("fleetmedic_time_to_repair", "alert to outcome").record(
+            workflow.now() - workflow.info().start_time)
+        if self.out_since is not None and not self.dry_run:
+            out_for = ((self.back_at or workflow.now()) - self.out_since).total_seconds()
+            meter.create_histogram_float("fleetmedic_gpu_hours_lost", "GPU-hours out of service per run",
+                                         "h").record(self.node_gpus * out_for / 3600)

@@ -15,6 +15,7 @@ imports a client library.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -80,6 +81,7 @@ class Runbook:
         self.actions: list[ActionResult] = []
         self.outcome: str | None = None
         self.thread: NotifyResult | None = None
+        self.thread_task: asyncio.Future[NotifyResult] | None = None
 
     # --- operator handlers --------------------------------------------------------------------
 
@@ -241,15 +243,22 @@ class Runbook:
 
     # --- Slack --------------------------------------------------------------------------------
 
-    async def open_thread(self, text: str) -> None:
-        self.thread = await workflow.execute_activity(
+    def open_thread(self, text: str) -> None:
+        """Post the run's Slack message without waiting for it: Slack's latency must not delay
+        taking a bad node out of service. Replies wait for it (`say`)."""
+        self.thread_task = asyncio.ensure_future(workflow.execute_activity(
             "slack.notify_start", NotifyStart(workflow_id=self.workflow_id, runbook=self.runbook, node=self.node,
                                               text=text, dry_run=self.dry_run),
             result_type=NotifyResult, start_to_close_timeout=self.call_timeout(), retry_policy=NOTIFY_RETRY,
-            summary="notify: open the Slack thread")
+            summary="notify: open the Slack thread"))
 
     async def say(self, text: str, mention: str | None = None) -> None:
         """A thread reply; notifications never fail the runbook."""
+        if self.thread is None and self.thread_task is not None:
+            try:
+                self.thread = await self.thread_task
+            except ActivityError:
+                self.thread = NotifyResult(delivered=False, error="could not open the thread")
         if self.thread is None or not self.thread.delivered:
             return
         try:

@@ -5,10 +5,11 @@ The flow of the Crusoe AutoClusters talk. A GPU throws XID 79, nobody is paged:
 1. classify the XID with the policy's catalog (bursts and repeats change the answer);
 2. open the run's Slack thread ("no action required");
 3. take a disruption lease;
-4. Slurm: node DOWN with a `fleetmedic:` reason, running jobs get SIGTERM;
+4. out of service at once: Slurm node DOWN with a `fleetmedic:` reason (running jobs get SIGTERM)
+   and the Kubernetes node cordoned;
 5. grace: until each job checkpointed after the signal, or left, or the policy grace ends;
 6. every affected job requeued, and where it resumes from recorded;
-7. cordon and drain the Kubernetes node;
+7. drain the Kubernetes node;
 8. remediate: replace through the provider, or reset the GPU (agent, else reboot/replace);
 9. wait for the node Ready again and validated by the node agent;
 10. return to service (uncordon, Slurm RESUME), release the lease;
@@ -29,7 +30,7 @@ from workflows.node_steps import NodeRunbook, OptedOut
 from workflows.runbook import RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
-    from fleetmedic.models import Alert, NodeInfo, NodeRunbookInput, RunbookStatus, SlurmNodeState
+    from fleetmedic.models import Alert, NodeRunbookInput, RunbookStatus, SlurmNodeState
     from fleetmedic.xid import XidAction, XidClassification, classify_xid
 
 
@@ -66,7 +67,7 @@ class XidRecovery(NodeRunbook):
         verdict = self.classify(input.xid, input.gpu, input.alert.starts_at if input.alert else None)
 
         self.enter("notify")
-        await self.open_thread(f"XID {input.xid} on GPU {_gpu(input.gpu)} of `{self.node}`: {verdict.reason}")
+        self.open_thread(f"XID {input.xid} on GPU {_gpu(input.gpu)} of `{self.node}`: {verdict.reason}")
 
         if not verdict.destructive:
             verdict = await self.watch_without_action(verdict)
@@ -138,25 +139,24 @@ class XidRecovery(NodeRunbook):
     async def remediate(self, verdict: XidClassification, gpu: int | None) -> str:
         assert self.policy is not None
         xid, gpu = self.input.xid, self.input.gpu
-        node = await self.call("classify", "k8s.get_node", self.node, NodeInfo)
-        expected_gpus = node.gpu_allocatable if node else None
         reason = f"fleetmedic: XID {xid} on GPU {_gpu(gpu)} ({self.workflow_id})"
 
         await self.take_lease()
         signalled_at = workflow.now()
-        jobs = await self.quarantine_in_slurm(SlurmNodeState.DOWN, reason)
+        jobs = await self.take_out_of_service(SlurmNodeState.DOWN, reason)
         await self.grace_for_checkpoints(jobs, signalled_at, self.policy.grace.checkpoint)
         await self.ensure_requeued(jobs)
-        await self.cordon_and_drain(reason)
+        await self.drain()
 
         requested_at = workflow.now()
         why = f"XID {xid} on GPU {_gpu(gpu)} of {self.node}: {verdict.reason}"
         if verdict.action is XidAction.REPLACE:
             await self.ask_provider("replace", why)
+            done = "replace"
         else:
-            await self.reset_gpu(gpu or 0, why)
+            done = await self.reset_gpu(gpu or 0, why)
 
-        if not await self.wait_back_and_validate(requested_at, expected_gpus):
+        if not await self.wait_back_and_validate(requested_at, self.node_gpus or None, rejoined=done != "reset"):
             await self.leave_quarantined(f"not back in service after XID {xid}: see {self.workflow_id}")
             await self.release_lease()
             return await self.record_outcome("quarantined", f"node {self.node} did not come back healthy; "

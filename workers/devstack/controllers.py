@@ -35,15 +35,14 @@ def provider_controller(kube: KubeEmulatorThread, provider: ProviderStandIn,
 
     def loop() -> None:
         while not stop.is_set():
-            for request in provider.accepted():
-                key = f"{request['node']}:{request['action']}"
-                if key in handled or request["action"] == "rma":
+            for record in provider.records():
+                if record.id in handled or record.body["action"] == "rma":
                     continue
-                handled.append(key)
+                handled.append(record.id)
                 try:
-                    set_ready(kube, request["node"], False)
+                    set_ready(kube, record.body["node"], False)
                     time.sleep(delay_s)
-                    set_ready(kube, request["node"], True)
+                    set_ready(kube, record.body["node"], True)
                 except KeyError:
                     pass
             stop.wait(0.2)

@@ -76,6 +76,7 @@ class LocalSlurmCluster:
         return f"http://127.0.0.1:{self.rest_port}"
 
     def _write_config(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
         # slurmrestd runs as nobody and must read slurm.conf: mkdtemp's 0700 would hide it.
         self.dir.chmod(0o755)
         munge = self.sockets / "munge"

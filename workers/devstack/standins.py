@@ -198,5 +198,49 @@ class ProviderStandIn(ThreadedServer):
         return {"id": record.id, "status": record.status, **record.body}
 
     def accepted(self) -> list[dict[str, Any]]:
+        """The bodies of the distinct requests (one per idempotency key), oldest first."""
+        return [r.body for r in self.records()]
+
+    def records(self) -> list[ProviderRequestRecord]:
         with self.lock:
-            return [r.body for r in self.by_key.values()]
+            return list(self.by_key.values())
+
+
+class AgentStandIn(ThreadedServer):
+    """The node agent's HTTP API (validation and GPU reset) for runbook tests; the real agent is
+    `fleetmedic agent`. `verdict` is what /v1/validate answers; resets are recorded."""
+
+    def __init__(self, token: str = "agent-secret") -> None:
+        super().__init__()
+        self.token = token
+        self.passed = True
+        self.resets: list[tuple[str, int]] = []
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get("/{node}/healthz", self._healthz)
+        app.router.add_get("/{node}/v1/validate", self._validate)
+        app.router.add_post("/{node}/v1/gpus/{gpu}/reset", self._reset)
+
+    @property
+    def url_template(self) -> str:
+        return f"{self.url}/{{node}}"
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def _validate(self, request: web.Request) -> web.Response:
+        expected = request.query.get("expected_gpus", "8")
+        checks = [
+            {"name": "gpus_present", "passed": True, "value": f"{expected}/{expected}"},
+            {"name": "no_xid_since", "passed": self.passed, "value": "none" if self.passed else "XID 79 on GPU 3"},
+            {"name": "temperature", "passed": True, "value": "61 C max"},
+        ]
+        return web.json_response({"passed": self.passed, "checks": checks, "since": request.query.get("since")})
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.json_response({"error": "unauthorized"}, status=401)
+        gpu = int(request.match_info["gpu"])
+        with self.lock:
+            self.resets.append((request.match_info["node"], gpu))
+        return web.json_response({"detail": f"GPU {gpu} reset"})
