@@ -366,3 +366,30 @@ class RunContext(_Model):
     agent_configured: bool
     provider: str
     provider_supports: list[str] = Field(default_factory=list)
+
+
+class AlertmanagerPayload(_Model):
+    """The Alertmanager webhook body, version 4."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+    version: Literal["4"]
+    group_key: str = Field(alias="groupKey")
+    status: Literal["firing", "resolved"]
+    receiver: str
+    group_labels: dict[str, str] = Field(default_factory=dict, alias="groupLabels")
+    common_labels: dict[str, str] = Field(default_factory=dict, alias="commonLabels")
+    common_annotations: dict[str, str] = Field(default_factory=dict, alias="commonAnnotations")
+    external_url: str = Field("", alias="externalURL")
+    truncated_alerts: int = Field(0, alias="truncatedAlerts", ge=0)
+    alerts: list[Alert] = Field(min_length=1, max_length=10_000)
+
+
+class AlertAnswer(_Model):
+    """One entry of the webhook's 202 answer, per alert."""
+
+    fingerprint: str
+    runbook: str | None
+    workflow_id: str | None
+    action: Literal["started", "attached", "ignored"]
+    reason: str

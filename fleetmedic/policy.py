@@ -200,6 +200,32 @@ class RetryPolicyConfig(_Strict):
     call_timeout: Duration = Field(default_factory=lambda: _td(seconds=30))
 
 
+class Route(_Strict):
+    """Alerts named `alertname` (and matching `match` labels) start or reach `runbook`."""
+
+    alertname: str = Field(min_length=1)
+    match: dict[str, str] = Field(default_factory=dict)
+    runbook: Literal["xid-recovery", "hot-gpu-pull", "nvlink-fault-replace", "traffic-flip", "migrate-back"]
+
+
+def _default_routes() -> list[Route]:
+    pairs = [("FleetMedicGpuXid", "xid-recovery"), ("FleetMedicGpuHot", "hot-gpu-pull"),
+             ("FleetMedicNvlinkErrors", "nvlink-fault-replace"), ("FleetMedicNvlinkDown", "nvlink-fault-replace"),
+             ("FleetMedicTrainingStarted", "traffic-flip"), ("FleetMedicGpusExhausted", "traffic-flip"),
+             ("FleetMedicTrainingFinished", "migrate-back"), ("FleetMedicGpusFree", "migrate-back")]
+    return [Route.model_validate({"alertname": name, "runbook": runbook}) for name, runbook in pairs]
+
+
+class RoutingPolicy(_Strict):
+    routes: list[Route] = Field(default_factory=_default_routes)
+    # Where each input is read from, first label present wins.
+    node_labels: list[str] = Field(default_factory=lambda: ["node", "Hostname", "kubernetes_node"])
+    gpu_labels: list[str] = Field(default_factory=lambda: ["gpu", "GPU_I_ID"])
+    xid_labels: list[str] = Field(default_factory=lambda: ["xid", "err_code"])
+    cluster_label: str = "cluster"
+    default_cluster: str = "default"
+
+
 class NotifyPolicy(_Strict):
     slack_channel: str | None = None  # FLEETMEDIC_SLACK_CHANNEL wins when set
 
@@ -220,6 +246,7 @@ class Policy(_Strict):
     escalation: EscalationPolicy = EscalationPolicy()
     notify: NotifyPolicy = NotifyPolicy()
     retries: RetryPolicyConfig = RetryPolicyConfig()
+    routing: RoutingPolicy = RoutingPolicy()
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:

