@@ -21,10 +21,11 @@ from workers.devstack.slurm_cluster import free_port
 
 
 async def test_dev_stack_serves_the_ui_and_a_worker(tmp_path: Path) -> None:
-    port, ui_port = free_port(), free_port()
+    port, ui_port, webhook_port = free_port(), free_port(), free_port()
     state = tmp_path / "state"
     proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "dev", "--state-dir", str(state), "--port",
-                             str(port), "--ui-port", str(ui_port), "--nodes", "3"],
+                             str(port), "--ui-port", str(ui_port), "--nodes", "3", "--webhook-port",
+                             str(webhook_port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     started = time.monotonic()
     try:
@@ -37,6 +38,14 @@ async def test_dev_stack_serves_the_ui_and_a_worker(tmp_path: Path) -> None:
         report = await handle.result()
         assert report.outcome == "remediated" and report.dry_run
         assert any(a.startswith("would cordon node gpu-node-1") for a in report.actions)
+        # The dev webhook routes an alert to a runbook (an application XID: notify, touch nothing).
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{webhook_port}", timeout=10) as http:
+            answer = await http.post("/v1/alerts/alertmanager", headers={"Authorization": "Bearer fleetmedic-dev"},
+                                     json={"version": "4", "groupKey": "g", "status": "firing", "receiver": "r",
+                                           "alerts": [{"status": "firing", "labels": {
+                                               "alertname": "FleetMedicGpuXid", "node": "gpu-node-2", "xid": "13",
+                                               "gpu": "0"}}]})
+        assert answer.status_code == 202 and answer.json()["alerts"][0]["action"] == "started"
     finally:
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)

@@ -42,6 +42,7 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--ui-port", type=int, default=8233, help="Temporal UI port (default 8233)")
     dev.add_argument("--nodes", type=int, default=8, help="emulated GPU nodes (default 8)")
     dev.add_argument("--no-slurm", action="store_true", help="do not start a local Slurm cluster")
+    dev.add_argument("--webhook-port", type=int, default=8080, help="alert webhook port (default 8080)")
 
     sub.add_parser("worker", help="run the Temporal worker (runbooks and activities)")
     webhook = sub.add_parser("webhook", help="run the Alertmanager webhook receiver")
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             from workers.dev import DevOptions, run_dev
 
             asyncio.run(run_dev(DevOptions(state_dir=args.state_dir, port=args.port, ui_port=args.ui_port,
-                                           nodes=args.nodes, slurm=not args.no_slurm)))
+                                           nodes=args.nodes, slurm=not args.no_slurm,
+                                           webhook_port=args.webhook_port)))
             return 0
         if args.command == "worker":
             from workers.worker import run_worker

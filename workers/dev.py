@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import uvicorn
 import yaml
 
 from fleetmedic.ids import SEARCH_ATTRIBUTES
@@ -36,6 +37,7 @@ from workers.devstack.kube_emulator import KubeEmulatorThread, seed
 from workers.devstack.slurm_cluster import LocalSlurmCluster, SlurmStartError, missing_binaries
 from workers.devstack.standins import ProviderStandIn, SlackStandIn
 from workers.temporal_client import connect
+from workers.webhook import AlertReceiver, available_runbooks
 from workers.worker import build_worker
 
 log = logging.getLogger("fleetmedic.dev")
@@ -48,6 +50,10 @@ class DevOptions:
     ui_port: int = 8233
     nodes: int = 8
     slurm: bool = True
+    webhook_port: int = 8080
+
+
+DEV_WEBHOOK_TOKEN = "fleetmedic-dev"  # loopback only; printed in the banner
 
 
 def temporal_binary() -> str:
@@ -138,14 +144,21 @@ async def run_dev(options: DevOptions) -> None:
         client = await connect(target_host=f"127.0.0.1:{options.port}", namespace="default")
         worker = build_worker(client, settings, policy)
 
+        receiver = AlertReceiver(client, policy.routing, settings.task_queue, DEV_WEBHOOK_TOKEN, available_runbooks())
+        webhook = uvicorn.Server(uvicorn.Config(receiver.app(), host="127.0.0.1", port=options.webhook_port,
+                                                log_level="warning"))
         print(_banner(options, kubeconfig, slurm, slack, provider, settings), flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         async with worker:
+            serving = asyncio.create_task(webhook.serve())
             await stop.wait()
-            print("fleetmedic dev: stopping the worker, Slurm, the emulators and the Temporal dev server", flush=True)
+            print("fleetmedic dev: stopping the webhook, the worker, Slurm, the emulators and the Temporal dev server",
+                  flush=True)
+            webhook.should_exit = True
+            await serving
 
 
 def _stop_process(proc: subprocess.Popen[bytes]) -> None:
@@ -172,6 +185,8 @@ def _banner(options: DevOptions, kubeconfig: Path, slurm: LocalSlurmCluster | No
         f"  Slack        stand-in at {slack.api_url} (channel {settings.slack_channel})",
         f"  Provider     http stand-in at {provider.url} (replaced nodes come back after 5 s)",
         f"  Worker       polling task queue '{settings.task_queue}'",
+        f"  Webhook      http://127.0.0.1:{options.webhook_port}/v1/alerts/alertmanager "
+        f"(Authorization: Bearer {DEV_WEBHOOK_TOKEN})",
         "Try:  fleetmedic run xid-recovery --node gpu-node-0 --gpu 3 --xid 79 "
         f"--address 127.0.0.1:{options.port}",
         "Ctrl-C stops everything.",
