@@ -259,16 +259,20 @@ class KubernetesActivities:
                 activity.logger.info("node %s changed under us (409), retrying on the fresh object", name)
         raise AssertionError("unreachable")
 
+    def _holder(self, node: client.V1Node, target: NodeTarget) -> str | None:
+        """The workflow holding the node (our annotation); another run's hold is not ours to change."""
+        owner = (node.metadata.annotations or {}).get(self.policy.labels.workflow_annotation)
+        if owner and owner != target.workflow_id:
+            raise fail(ErrorKind.NOT_OWNED, f"node {target.node} is held by workflow {owner}, not us")
+        return owner
+
     @activity.defn(name="k8s.cordon_node")
     def cordon_node(self, target: NodeTarget) -> ActionResult:
         workflow_key = self.policy.labels.workflow_annotation
         reason_key = self.policy.labels.reason_annotation
 
         def change(node: client.V1Node) -> dict[str, Any] | None:
-            annotations = node.metadata.annotations or {}
-            owner = annotations.get(workflow_key)
-            if owner and owner != target.workflow_id:
-                raise fail(ErrorKind.NOT_OWNED, f"node {target.node} is held by workflow {owner}")
+            owner = self._holder(node, target)
             if node.spec and node.spec.unschedulable and owner == target.workflow_id:
                 return None
             new = {workflow_key: target.workflow_id, reason_key: target.reason}
@@ -285,9 +289,7 @@ class KubernetesActivities:
 
         def change(node: client.V1Node) -> dict[str, Any] | None:
             annotations = node.metadata.annotations or {}
-            owner = annotations.get(workflow_key)
-            if owner and owner != target.workflow_id:
-                raise fail(ErrorKind.NOT_OWNED, f"node {target.node} is held by workflow {owner}, not us")
+            owner = self._holder(node, target)
             if not owner:
                 return None  # not ours (or already returned): leave it as it is
             patch: dict[str, Any] = {"metadata": {"annotations": {workflow_key: None, reason_key: None,

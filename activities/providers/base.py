@@ -8,8 +8,13 @@ A provider that needs a person answers `needs_human`; the runbook then waits for
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
+from kubernetes import client
+from kubernetes.client import ApiClient
+
+from activities.kubernetes import api_errors
 from fleetmedic.models import ProviderRequest, ProviderResult
 
 
@@ -24,3 +29,25 @@ class NodeProvider(Protocol):
 def ask_a_human(provider: str, request: ProviderRequest, why: str) -> ProviderResult:
     return ProviderResult(provider=provider, action=request.action, accepted=True, needs_human=True,
                           reference=request.idempotency_key, detail=why)
+
+
+class KubernetesProvider:
+    """What the Cluster API and Karpenter providers share: the API client, and the node they act on."""
+
+    name = "kubernetes"
+    supports: frozenset[str] = frozenset({"replace"})
+
+    def __init__(self, api_client: Callable[[], ApiClient], timeout_s: float) -> None:
+        self._api_client = api_client
+        self.timeout = timeout_s
+
+    def request(self, request: ProviderRequest) -> ProviderResult:
+        if request.action not in self.supports:
+            return ask_a_human(self.name, request, f"{self.name} cannot {request.action}; do it by hand")
+        api = self._api_client()
+        with api_errors(f"get node {request.node}"):
+            node = client.CoreV1Api(api).read_node(request.node, _request_timeout=self.timeout)
+        return self.replace(api, node, request)
+
+    def replace(self, api: ApiClient, node: client.V1Node, request: ProviderRequest) -> ProviderResult:
+        raise NotImplementedError

@@ -10,7 +10,7 @@ from kubernetes.client.exceptions import ApiException
 
 from activities.errors import fail
 from activities.kubernetes import api_errors
-from activities.providers.base import ask_a_human
+from activities.providers.base import KubernetesProvider
 from fleetmedic.errors import ErrorKind
 from fleetmedic.models import ProviderRequest, ProviderResult
 from fleetmedic.policy import ClusterApiProviderPolicy
@@ -19,22 +19,15 @@ GROUP, VERSION, PLURAL = "cluster.x-k8s.io", "v1beta1", "machines"
 NAMESPACE_ANNOTATION = "cluster.x-k8s.io/cluster-namespace"
 
 
-class ClusterApiProvider:
+class ClusterApiProvider(KubernetesProvider):
     name = "cluster-api"
-    supports = frozenset({"replace"})
 
     def __init__(self, api_client: Callable[[], ApiClient], policy: ClusterApiProviderPolicy,
                  timeout_s: float) -> None:
-        self._api_client = api_client
+        super().__init__(api_client, timeout_s)
         self.policy = policy
-        self.timeout = timeout_s
 
-    def request(self, request: ProviderRequest) -> ProviderResult:
-        if request.action != "replace":
-            return ask_a_human(self.name, request, f"Cluster API cannot {request.action}; do it by hand")
-        api = self._api_client()
-        with api_errors(f"get node {request.node}"):
-            node = client.CoreV1Api(api).read_node(request.node, _request_timeout=self.timeout)
+    def replace(self, api: ApiClient, node: client.V1Node, request: ProviderRequest) -> ProviderResult:
         annotations = node.metadata.annotations or {}
         machine = annotations.get(self.policy.machine_annotation)
         if not machine:
