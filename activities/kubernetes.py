@@ -29,6 +29,7 @@ from fleetmedic.models import (
     EventRequest,
     EvictionReport,
     EvictRequest,
+    FleetCapacity,
     NodeInfo,
     NodeTarget,
     OptOut,
@@ -176,6 +177,13 @@ class KubernetesActivities:
         with api_errors("list nodes"):
             nodes = self.core.list_node(label_selector=label_selector or None, _request_timeout=self.timeout)
         return [node_info(n, self.policy.labels.gpu_resource) for n in nodes.items]
+
+    @activity.defn(name="k8s.fleet_capacity")
+    def fleet_capacity(self, gpu_node_selector: str) -> FleetCapacity:
+        """GPU nodes, and those already out of service (NotReady or cordoned), for the fleet guard."""
+        nodes = self.list_nodes(gpu_node_selector)
+        return FleetCapacity(gpu_nodes=len(nodes), unavailable=sorted(n.name for n in nodes
+                                                                      if not n.ready or n.unschedulable))
 
     @activity.defn(name="k8s.list_pods_on_node")
     def list_pods_on_node(self, node: str) -> list[PodInfo]:
@@ -492,6 +500,6 @@ class KubernetesActivities:
         return summaries
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.get_node, self.wait_node_ready, self.list_nodes, self.list_pods_on_node, self.check_opt_out,
-                self.cordon_node, self.uncordon_node, self.annotate_quarantine, self.add_taint, self.remove_taint,
-                self.evict_pods, self.record_event, self.list_kueue_workloads]
+        return [self.get_node, self.wait_node_ready, self.list_nodes, self.fleet_capacity, self.list_pods_on_node,
+                self.check_opt_out, self.cordon_node, self.uncordon_node, self.annotate_quarantine, self.add_taint,
+                self.remove_taint, self.evict_pods, self.record_event, self.list_kueue_workloads]

@@ -393,3 +393,47 @@ class AlertAnswer(_Model):
     workflow_id: str | None
     action: Literal["started", "attached", "ignored"]
     reason: str
+
+
+# --- fleet guard ---------------------------------------------------------------------------------
+
+class LeaseRequest(_Model):
+    workflow_id: str
+    node: str
+    domain: str = ""  # the node's topology domain (policy budget.topology_label), "" when unknown
+    requested_at: datetime | None = None
+
+
+class Lease(_Model):
+    workflow_id: str
+    node: str
+    domain: str = ""
+    granted_at: datetime
+
+
+class LeaseAnswer(_Model):
+    """What the guard tells a runbook about its request: granted, or its place in the queue."""
+
+    granted: bool
+    position: int = 0  # 1 = next in line
+    paused: Operator | None = None
+    reason: str = ""
+
+
+class GuardState(_Model):
+    """The fleet guard's whole state, carried across continue-as-new (mutable: the guard owns it)."""
+
+    model_config = ConfigDict(frozen=False)
+
+    cluster: str
+    holders: list[Lease] = Field(default_factory=list)
+    queue: list[LeaseRequest] = Field(default_factory=list)
+    granted_recently: list[datetime] = Field(default_factory=list)  # for max_per_hour
+    paused: Operator | None = None
+    grants: int = 0
+    max_held: int = 0  # the most leases ever held at once (tests and the dashboard read it)
+
+
+class FleetCapacity(_Model):
+    gpu_nodes: int
+    unavailable: list[str] = Field(default_factory=list)  # NotReady or cordoned GPU nodes

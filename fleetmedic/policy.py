@@ -122,6 +122,8 @@ class BudgetPolicy(_Strict):
     max_per_hour: int = Field(20, ge=1)
     topology_label: str | None = "topology.kubernetes.io/zone"
     max_per_domain: int = Field(2, ge=1)
+    # The fleet guard continues-as-new (keeping its state) past this many history events.
+    guard_history_events: int = Field(2000, ge=50, le=40000)
 
 
 class ApprovalPolicy(_Strict):

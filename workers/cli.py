@@ -17,15 +17,13 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
-from fleetmedic.ids import NODE_RUNBOOKS, node_workflow_id, start_attributes
-from fleetmedic.models import NodeRunbookInput, RunbookStatus
+from fleetmedic.ids import NODE_RUNBOOKS, guard_workflow_id, node_workflow_id, start_attributes
+from fleetmedic.models import GuardState, NodeRunbookInput, Operator, RunbookStatus
 from fleetmedic.policy import PolicyError, load_policy
 from fleetmedic.settings import Settings, SettingsError
 
 NOT_YET = {
     "agent": "the GPU node agent (issue #8)",
-    "pause": "the global pause (issue #4: fleet safety)",
-    "resume": "the global pause (issue #4: fleet safety)",
 }
 RUNNABLE = {"xid-recovery"}  # runbooks this build can start; the others' issues are open
 
@@ -62,9 +60,14 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--wait", action="store_true", help="wait for the outcome")
     run.add_argument("--by", default="cli", help="who asks (recorded in the history)")
 
-    for name in ("pause", "resume"):
-        command = sub.add_parser(name, help=f"{name} every runbook of the cluster [not yet: issue #4]")
+    guard_commands = []
+    for name, text in (("pause", "stop new disruption leases and hold every runbook before its next destructive "
+                                 "step (recovery steps go on)"), ("resume", "lift the fleet-wide pause")):
+        command = sub.add_parser(name, help=text)
         command.add_argument("--reason", default="")
+        command.add_argument("--by", default=os.environ.get("USER", "cli"), help="who (recorded everywhere)")
+        command.add_argument("--cluster", help="default: FLEETMEDIC_CLUSTER")
+        guard_commands.append(command)
     sub.add_parser("status", help="open runbooks: node, step, what each waits for")
     audit = sub.add_parser("audit", help="the timeline of one run, from its Temporal history")
     audit.add_argument("workflow_id")
@@ -74,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
     policy.add_argument("action", choices=("check", "default"))
     policy.add_argument("file", nargs="?")
 
-    for command in (run, audit, sub.choices["status"], sub.choices["worker"], webhook):
+    for command in (run, audit, sub.choices["status"], sub.choices["worker"], webhook, *guard_commands):
         command.add_argument("--address", help="Temporal address (default: TEMPORAL_ADDRESS or localhost:7233)")
         command.add_argument("--namespace", help="Temporal namespace (default: TEMPORAL_NAMESPACE or default)")
     return p
@@ -156,6 +159,8 @@ async def client_command(args: argparse.Namespace, settings: Settings) -> int:
         return await run_command(client, args, settings)
     if args.command == "status":
         return await status_command(client, settings)
+    if args.command in ("pause", "resume"):
+        return await guard_command(client, args, settings)
     if args.command == "audit":
         from workers.audit import audit_command
 
@@ -183,7 +188,36 @@ async def run_command(client: Client, args: argparse.Namespace, settings: Settin
     return 0
 
 
+async def guard_command(client: Client, args: argparse.Namespace, settings: Settings) -> int:
+    """Signal-with-start the cluster's fleet guard: it exists from the first pause on."""
+    cluster = args.cluster or settings.cluster
+    operator = Operator(by=args.by, reason=args.reason)
+    await client.start_workflow(
+        "fleet-guard", GuardState(cluster=cluster), id=guard_workflow_id(cluster), task_queue=settings.task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, start_signal=args.command,
+        start_signal_args=[operator])
+    verb = "paused" if args.command == "pause" else "resumed"
+    print(f"fleet-guard/{cluster}: {verb} by {operator.by}" + (f": {operator.reason}" if operator.reason else ""))
+    return 0
+
+
+async def guard_lines(client: Client, cluster: str) -> list[str]:
+    try:
+        state = await client.get_workflow_handle(guard_workflow_id(cluster)).query(
+            "state", result_type=GuardState, rpc_timeout=timedelta(seconds=3))
+    except RPCError:
+        return [f"fleet-guard/{cluster}: not running (no runbook has asked for a lease yet)"]
+    pause = f"PAUSED by {state.paused.by}: {state.paused.reason}" if state.paused else "not paused"
+    lines = [f"fleet-guard/{cluster}: {pause}; {len(state.holders)} lease(s) held, {len(state.queue)} waiting, "
+             f"{state.grants} granted so far"]
+    lines += [f"  lease    {h.workflow_id} (node {h.node}, since {h.granted_at:%H:%M:%S})" for h in state.holders]
+    lines += [f"  waiting  {i}. {q.workflow_id}" for i, q in enumerate(state.queue, start=1)]
+    return lines
+
+
 async def status_command(client: Client, settings: Settings) -> int:
+    for line in await guard_lines(client, settings.cluster):
+        print(line)
     query = f'FleetCluster = "{settings.cluster}" AND ExecutionStatus = "Running"'
     rows = []
     async for execution in client.list_workflows(query):

@@ -32,6 +32,7 @@ from activities.providers import ProviderActivities, make_provider
 from activities.slack import SlackActivities
 from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
 from activities.storage import StorageActivities
+from activities.temporal import TemporalActivities
 from fleetmedic.models import RunContext
 from fleetmedic.policy import Policy, load_policy
 from fleetmedic.settings import Settings
@@ -47,7 +48,7 @@ def slurm_enabled(settings: Settings) -> bool:
     return settings.slurm == "on"
 
 
-def build_activities(settings: Settings, policy: Policy,
+def build_activities(settings: Settings, policy: Policy, client: Client,
                      api_client: Callable[[], ApiClient] | None = None) -> list[Callable[..., Any]]:
     """Every activity the runbooks call, wired to the systems `settings` names."""
     kube_client = api_client or cache(lambda: load_api_client(settings.kubeconfig))
@@ -71,6 +72,7 @@ def build_activities(settings: Settings, policy: Policy,
         SlackActivities(settings.slack_bot_token, settings.slack_channel or policy.notify.slack_channel,
                         settings.slack_api_url),
         AgentActivities(settings.agent_url, settings.agent_token, force_dry_run=dry),
+        TemporalActivities(client, settings.task_queue),
     ]
     return [fn for group in groups for fn in group.activities()]
 
@@ -90,7 +92,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
     return Worker(
         client, task_queue=settings.task_queue,
         workflows=list(workflows or WORKFLOWS),
-        activities=build_activities(settings, policy, api_client),
+        activities=build_activities(settings, policy, client, api_client),
         activity_executor=executor,
         max_concurrent_activities=settings.activity_threads,
         workflow_runner=sandbox_runner(),

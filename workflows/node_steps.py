@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         EvictionReport,
         EvictRequest,
         GpuResetRequest,
+        LeaseRequest,
         NodeInfo,
         NodeTarget,
         ProviderRequest,
@@ -65,6 +66,7 @@ class NodeRunbook(Runbook):
     out_since: datetime | None = None  # when the node left service (Slurm DOWN/DRAIN and cordon)
     back_at: datetime | None = None  # when it returned
     node_gpus = 0
+    lease_held = False
 
     # --- start ----------------------------------------------------------------------------------
 
@@ -102,14 +104,39 @@ class NodeRunbook(Runbook):
     # --- disruption lease -------------------------------------------------------------------------
 
     async def take_lease(self) -> None:
+        """Ask the cluster's fleet guard (fleet-guard/<cluster>) and wait for the grant, FIFO."""
+        assert self.policy is not None
         self.enter("take disruption lease")
-        # The fleet guard (fleet-safety issue) grants leases; until it runs, the step records
-        # that it let the run through so the history shows where the lease will be taken.
-        self.decide("take disruption lease", "granted: no fleet guard configured (pass-through)")
+        if self.dry_run:
+            self.decide("take disruption lease", "would take a disruption lease (shadow runs hold none)")
+            return
+        node = await self.call("take disruption lease", "k8s.get_node", self.node, NodeInfo)
+        label = self.policy.budget.topology_label
+        domain = node.labels.get(label, "") if node and label else ""
+        request = LeaseRequest(workflow_id=self.workflow_id, node=self.node, domain=domain)
+        await self.call("take disruption lease", "guard.request", [self.cluster, request], type(None),
+                        spread=True)
+        self.lease_held = True  # from here on, every way out releases it
+        await self.wait("lease from the fleet guard",
+                        lambda: self.lease_answer is not None and self.lease_answer.granted)
+        self.decide("take disruption lease", f"granted by fleet-guard/{self.cluster}"
+                    + (f" (domain {domain})" if domain else ""))
 
     async def release_lease(self) -> None:
+        """Never waits for anything but the signal itself: releasing is a recovery step."""
+        if not self.lease_held:
+            return
         self.enter("release disruption lease")
-        self.decide("release disruption lease", "released (pass-through)")
+        try:
+            await workflow.execute_activity("guard.release", args=[self.cluster, self.workflow_id],
+                                            start_to_close_timeout=self.call_timeout(), retry_policy=self.retry(),
+                                            summary="release disruption lease")
+            self.lease_held = False
+            self.decide("release disruption lease", "released")
+        except ActivityError:
+            # The guard reclaims a closed run's lease by itself; say so rather than block.
+            self.decide("release disruption lease", "could not signal the guard; it reclaims the lease when this "
+                                                    "run closes")
 
     # --- Slurm ------------------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         Alert,
         Escalation,
         EscalationAnswer,
+        LeaseAnswer,
         NotifyResult,
         NotifyStart,
         NotifyStep,
@@ -82,6 +83,8 @@ class Runbook:
         self.outcome: str | None = None
         self.thread: NotifyResult | None = None
         self.thread_task: asyncio.Future[NotifyResult] | None = None
+        self.lease_answer: LeaseAnswer | None = None
+        self.fleet_paused: Operator | None = None  # the fleet guard's global pause
 
     # --- operator handlers --------------------------------------------------------------------
 
@@ -119,6 +122,14 @@ class Runbook:
     @workflow.signal
     def replaced(self, replaced: Replaced) -> None:
         self.replaced_signal = replaced
+
+    @workflow.signal
+    def lease(self, answer: LeaseAnswer) -> None:
+        """From the fleet guard: granted, or our place in line; and whether the fleet is paused."""
+        self.lease_answer = answer
+        self.fleet_paused = answer.paused
+        if not answer.granted and self.waiting_for is not None and self.waiting_for.startswith("lease"):
+            self.waiting_for = f"lease, position {answer.position} ({answer.reason})"
 
     # --- bookkeeping --------------------------------------------------------------------------
 
@@ -172,16 +183,16 @@ class Runbook:
     async def call(self, step: str, activity: str, arg: Any, result_type: type[T], *,
                    timeout: timedelta | None = None, retry: RetryPolicy | None = None,
                    heartbeat: timedelta | None = None, summary: str | None = None,
-                   escalate: bool = True) -> T | None:
+                   escalate: bool = True, spread: bool = False) -> T | None:
         """Run one activity; when its retries are exhausted, escalate and wait for an answer.
 
-        Returns None when the operator answered `skip`.
+        Returns None when the operator answered `skip`. `spread`: `arg` is a list of arguments.
         """
         while True:
             self.check_abort()
             try:
                 result: T = await workflow.execute_activity(
-                    activity, args=[] if arg is NO_ARG else [arg], result_type=result_type,
+                    activity, args=[] if arg is NO_ARG else (list(arg) if spread else [arg]), result_type=result_type,
                     start_to_close_timeout=timeout or self.call_timeout(), heartbeat_timeout=heartbeat,
                     retry_policy=retry or self.retry("reads"),
                     summary=summary or f"{step}: {activity}",
@@ -231,11 +242,13 @@ class Runbook:
     # --- safety gate --------------------------------------------------------------------------
 
     async def before_destructive(self, step: str) -> OptOut:
-        """Right before each destructive step: wait out a pause, then re-check the opt-out."""
-        if self.paused is not None:
-            await self.say(f":double_vertical_bar: paused by {self.paused.by} before *{step}*: {self.paused.reason}")
-            await self.wait(f"resume (paused by {self.paused.by}: {self.paused.reason})",
-                            lambda: self.paused is None)
+        """Right before each destructive step: wait out a pause (this run's or the fleet's), then
+        re-check the opt-out."""
+        while (pause := self.paused or self.fleet_paused) is not None:
+            scope = "paused" if self.paused else "fleet paused"
+            await self.say(f":double_vertical_bar: {scope} by {pause.by} before *{step}*: {pause.reason}")
+            await self.wait(f"resume ({scope} by {pause.by}: {pause.reason})",
+                            lambda: (self.paused or self.fleet_paused) is None)
         opt_out = await self.call(f"{step}: opt-out check", "k8s.check_opt_out", self.node, OptOut)
         if opt_out is None:  # the operator skipped the check: treat as opted out, to be safe
             return OptOut(opted_out=True, reasons=["opt-out check skipped by an operator"])

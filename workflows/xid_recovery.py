@@ -58,6 +58,7 @@ class XidRecovery(NodeRunbook):
             if self.mutated:
                 await self.leave_quarantined(f"run aborted by {aborted.by}: {aborted.reason}")
             await self.record_outcome("aborted", f"aborted by {aborted.by}: {aborted.reason}", warning=True)
+        await self.release_lease()  # every way out gives the lease back
         return self.status()
 
     async def recover(self, input: NodeRunbookInput) -> str:

@@ -1,0 +1,54 @@
+"""Temporal itself as a system: asking the fleet guard for a lease, and who still runs.
+
+Async activities on the worker's own client (no thread): signal-with-start creates the guard of a
+cluster the first time one of its runbooks asks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from temporalio import activity
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
+
+from fleetmedic.ids import guard_workflow_id
+from fleetmedic.models import GuardState, LeaseRequest
+
+
+class TemporalActivities:
+    def __init__(self, client: Client, task_queue: str) -> None:
+        self.client = client
+        self.task_queue = task_queue
+
+    async def signal_guard(self, cluster: str, signal: str, arg: Any) -> None:
+        await self.client.start_workflow(
+            "fleet-guard", GuardState(cluster=cluster), id=guard_workflow_id(cluster), task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, start_signal=signal, start_signal_args=[arg])
+
+    @activity.defn(name="guard.request")
+    async def request_lease(self, cluster: str, request: LeaseRequest) -> None:
+        await self.signal_guard(cluster, "request", request)
+
+    @activity.defn(name="guard.release")
+    async def release_lease(self, cluster: str, workflow_id: str) -> None:
+        await self.signal_guard(cluster, "release", workflow_id)
+
+    @activity.defn(name="temporal.running")
+    async def running(self, workflow_ids: list[str]) -> list[str]:
+        alive = []
+        for workflow_id in workflow_ids:
+            try:
+                description = await self.client.get_workflow_handle(workflow_id).describe()
+            except RPCError as exc:
+                if exc.status == RPCStatusCode.NOT_FOUND:
+                    continue
+                raise
+            if description.status == WorkflowExecutionStatus.RUNNING:
+                alive.append(workflow_id)
+        return alive
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [self.request_lease, self.release_lease, self.running]

@@ -1,0 +1,124 @@
+"""The fleet guard: a disruption budget that holds under a storm, FIFO, across restarts, and pause."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError
+
+from fleetmedic.ids import guard_workflow_id, node_workflow_id
+from fleetmedic.models import GuardState, NodeRunbookInput, Operator, RunbookStatus
+from tests.harness import quick_policy, settings_for, worker_for
+from workers.devstack import fleet
+from workers.devstack.controllers import provider_controller
+from workers.devstack.kube_emulator import KubeEmulatorThread
+from workers.devstack.standins import ProviderStandIn
+
+
+def guard_policy(tmp_path: Path, provider: ProviderStandIn, **budget: Any):  # type: ignore[no-untyped-def]
+    return quick_policy(tmp_path, provider={"kind": "http", "http": {"url": provider.url}},
+                        budget={"max_concurrent": 5, "max_unavailable_fraction": 0.10, "max_per_hour": 1000,
+                                "topology_label": None, "guard_history_events": 200, **budget})
+
+
+async def guard_state(client: Client, cluster: str) -> GuardState:
+    for _ in range(100):  # the first lease request creates the guard
+        try:
+            return await client.get_workflow_handle(guard_workflow_id(cluster)).query("state", result_type=GuardState)
+        except RPCError:
+            await asyncio.sleep(0.1)
+    raise AssertionError("the fleet guard never started")
+
+
+async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue: str, kube: KubeEmulatorThread,
+                                                      provider_http: ProviderStandIn, tmp_path: Path) -> None:
+    for i in range(100):
+        kube.emulator.put(fleet.node(f"gpu-{i:03d}"))
+    policy = guard_policy(tmp_path, provider_http)
+    settings = settings_for(task_queue, kube, provider=provider_http)
+    failing = [f"gpu-{i:03d}" for i in range(0, 80, 2)]  # 40 nodes
+    cluster = task_queue
+    handles: list[WorkflowHandle[Any, RunbookStatus]] = []
+    with provider_controller(kube, provider_http, delay_s=0.2):
+        worker = worker_for(client, settings, policy)
+        async with worker:
+            for node in failing:
+                handles.append(await client.start_workflow(
+                    "xid-recovery", NodeRunbookInput(cluster=cluster, node=node, gpu=0, xid=79),
+                    id=node_workflow_id("xid-recovery", cluster, node), task_queue=task_queue,
+                    result_type=RunbookStatus))
+            # Let the guard work, then restart the worker while leases are held and runbooks wait.
+            while (await guard_state(client, cluster)).grants < 8:
+                await asyncio.sleep(0.2)
+            state = await guard_state(client, cluster)
+            assert state.queue, "runbooks should be waiting for the budget"
+            waiting = next(h for h in handles if h.id == state.queue[-1].workflow_id)
+            status = await waiting.query("status", result_type=RunbookStatus)
+            assert status.waiting_for is not None and status.waiting_for.startswith("lease, position")
+        async with worker_for(client, settings, policy):
+            reports = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 300)
+            final = await guard_state(client, cluster)
+    assert [r.outcome for r in reports] == ["remediated"] * 40
+    assert final.max_held <= 5, final.max_held
+    assert final.max_held == 5  # the budget was used, not merely respected
+    assert final.grants == 40 and final.holders == [] and final.queue == []
+    # FIFO: leases were granted in the order the guard received the requests.
+    runs = sorted([w async for w in client.list_workflows(f'WorkflowId = "{guard_workflow_id(cluster)}"')],
+                  key=lambda w: w.start_time)
+    requested, granted = [], []
+    events = [e for run in runs async for e in client.get_workflow_handle(run.id, run_id=run.run_id)
+              .fetch_history_events()]
+    for event in events:
+        if event.HasField("workflow_execution_signaled_event_attributes"):
+            attributes = event.workflow_execution_signaled_event_attributes
+            if attributes.signal_name == "request":
+                requested.append(json.loads(attributes.input.payloads[0].data)["workflow_id"])
+        if event.HasField("signal_external_workflow_execution_initiated_event_attributes"):
+            attributes = event.signal_external_workflow_execution_initiated_event_attributes
+            if json.loads(attributes.input.payloads[0].data)["granted"]:
+                granted.append(attributes.workflow_execution.workflow_id)
+    assert len(set(requested)) == 40
+    first_grant = [g for i, g in enumerate(granted) if g not in granted[:i]]
+    assert first_grant == list(dict.fromkeys(requested))
+    # The guard continued-as-new on the way (small history budget), keeping every lease.
+    assert len(runs) > 1, "the guard should have continued-as-new during the storm"
+
+
+async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Client, task_queue: str,
+                                                                    kube: KubeEmulatorThread,
+                                                                    provider_http: ProviderStandIn,
+                                                                    tmp_path: Path) -> None:
+    for i in range(10):
+        kube.emulator.put(fleet.node(f"gpu-{i}"))
+    policy = guard_policy(tmp_path, provider_http)
+    settings = settings_for(task_queue, kube, provider=provider_http)
+    cluster = task_queue
+    guard = client.get_workflow_handle(guard_workflow_id(cluster))
+    async with worker_for(client, settings, policy):
+        # Run 1 reaches "wait for node Ready" (no provider controller yet), then the fleet is paused.
+        first = await client.start_workflow(
+            "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-1", gpu=0, xid=79),
+            id=node_workflow_id("xid-recovery", cluster, "gpu-1"), task_queue=task_queue, result_type=RunbookStatus)
+        while (await first.query("status", result_type=RunbookStatus)).step != "wait for node Ready":
+            await asyncio.sleep(0.2)
+        await guard.signal("pause", Operator(by="dana", reason="change freeze"))
+        second = await client.start_workflow(
+            "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-2", gpu=0, xid=79),
+            id=node_workflow_id("xid-recovery", cluster, "gpu-2"), task_queue=task_queue, result_type=RunbookStatus)
+        with provider_controller(kube, provider_http, delay_s=0.2):
+            # Recovery goes on under the pause: run 1 returns its node to service and finishes.
+            report = await asyncio.wait_for(first.result(), 60)
+            assert report.outcome == "remediated"
+            assert not kube.emulator.get("v1", "Node", "gpu-1")["spec"].get("unschedulable")
+            # Run 2 gets no lease while paused: nothing destructive happened to its node.
+            status = await second.query("status", result_type=RunbookStatus)
+            assert status.step == "take disruption lease" and "paused by dana" in (status.waiting_for or "")
+            assert not kube.emulator.get("v1", "Node", "gpu-2")["spec"].get("unschedulable")
+            state = await guard_state(client, cluster)
+            assert state.paused is not None and state.paused.reason == "change freeze"
+            await guard.signal("resume", Operator(by="dana"))
+            assert (await asyncio.wait_for(second.result(), 60)).outcome == "remediated"

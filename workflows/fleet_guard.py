@@ -1,0 +1,180 @@
+"""fleet-guard/<cluster>: one entity workflow per cluster that grants disruption leases.
+
+Automation that can drain one node can drain a hundred. Every destructive runbook asks this
+guard for a lease first; the guard grants them explicitly, in the order asked (FIFO), while:
+
+- fewer than `budget.max_concurrent` leases are held;
+- the share of GPU nodes out of service — nodes already NotReady or cordoned, plus the nodes
+  under a lease — stays within `budget.max_unavailable_fraction` (at least one node);
+- fewer than `budget.max_per_hour` leases were granted in the last hour;
+- a topology domain (`budget.topology_label`) has fewer than `budget.max_per_domain` leases
+  (a request blocked only by its domain lets the next one in line pass).
+
+A plain `wait_condition` on a counter would let every waiter through at once; here each grant is
+a decision recorded in the guard's history and a `lease` signal to exactly one runbook. The guard
+pauses the whole fleet (no new lease, and every runbook told to hold before its next destructive
+step), reclaims the lease of a runbook that closed without releasing it, and continues-as-new
+with its state before its history grows large. Recovery steps never ask it for anything.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from fleetmedic.models import FleetCapacity, GuardState, Lease, LeaseAnswer, LeaseRequest, Operator
+    from fleetmedic.policy import Policy
+
+RECLAIM_EVERY = timedelta(minutes=1)
+HOUR = timedelta(hours=1)
+
+
+@workflow.defn(name="fleet-guard")
+class FleetGuard:
+    @workflow.init
+    def __init__(self, state: GuardState) -> None:
+        self.state = state
+        self.dirty = True
+        self.told: dict[str, int] = {}  # the queue position each waiter was last told
+        self.policy: Policy | None = None
+
+    # --- what runbooks and operators send -----------------------------------------------------
+
+    @workflow.signal
+    def request(self, request: LeaseRequest) -> None:
+        if any(h.workflow_id == request.workflow_id for h in self.state.holders):
+            self.told.pop(request.workflow_id, None)  # a retried request: answer "granted" again
+        elif not any(q.workflow_id == request.workflow_id for q in self.state.queue):
+            self.state.queue.append(request.model_copy(update={"requested_at": workflow.now()}))
+        self.dirty = True
+
+    @workflow.signal
+    def release(self, workflow_id: str) -> None:
+        self.state.holders = [h for h in self.state.holders if h.workflow_id != workflow_id]
+        self.state.queue = [q for q in self.state.queue if q.workflow_id != workflow_id]
+        self.told.pop(workflow_id, None)
+        self.dirty = True
+
+    @workflow.signal
+    def pause(self, operator: Operator) -> None:
+        self.state.paused = operator
+        self.told.clear()  # everyone hears about the pause
+        self.dirty = True
+
+    @workflow.signal
+    def resume(self, operator: Operator) -> None:
+        self.state.paused = None
+        self.told.clear()
+        self.dirty = True
+
+    @workflow.query(name="state")
+    def state_query(self) -> GuardState:
+        return self.state
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, state: GuardState) -> None:
+        self.policy = await workflow.execute_local_activity(
+            "config.policy", result_type=Policy, start_to_close_timeout=timedelta(seconds=10))
+        limit = self.policy.budget.guard_history_events
+        while True:
+            woke = await self._wake()
+            if not woke and self.state.holders:
+                await self.reclaim()
+            await self.grant()
+            await self.tell()
+            if workflow.info().is_continue_as_new_suggested() or workflow.info().get_current_history_length() > limit:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                # Everything the guard knows is in its state; waiters are told again after the restart.
+                workflow.continue_as_new(self.state)
+
+    async def _wake(self) -> bool:
+        try:
+            await workflow.wait_condition(lambda: self.dirty, timeout=RECLAIM_EVERY,
+                                          timeout_summary="reclaim leases of closed runbooks")
+        except TimeoutError:
+            return False
+        self.dirty = False
+        return True
+
+    async def grant(self) -> None:
+        assert self.policy is not None
+        budget = self.policy.budget
+        now = workflow.now()
+        self.state.granted_recently = [t for t in self.state.granted_recently if now - t < HOUR]
+        if self.state.paused is not None or not self.state.queue:
+            return
+        if len(self.state.holders) >= budget.max_concurrent or len(self.state.granted_recently) >= budget.max_per_hour:
+            return
+        capacity = await self._capacity()
+        # At least one node may be out at a time, or a small cluster could never heal itself;
+        # an unknown fleet (no count) allows none.
+        allowed_out = max(1, int(budget.max_unavailable_fraction * capacity.gpu_nodes)) if capacity.gpu_nodes else 0
+        index = 0
+        while index < len(self.state.queue) and len(self.state.holders) < budget.max_concurrent \
+                and len(self.state.granted_recently) < budget.max_per_hour:
+            request = self.state.queue[index]
+            held = {h.node for h in self.state.holders}
+            out = set(capacity.unavailable) | held
+            if request.node not in out and len(out) + 1 > allowed_out:
+                break  # the next disruption would take too much of the fleet out
+            in_domain = sum(1 for h in self.state.holders if request.domain and h.domain == request.domain)
+            if in_domain >= budget.max_per_domain:
+                index += 1  # its domain is full: the next in line may pass
+                continue
+            self.state.queue.pop(index)
+            self.state.holders.append(Lease(workflow_id=request.workflow_id, node=request.node,
+                                            domain=request.domain, granted_at=now))
+            self.state.granted_recently.append(now)
+            self.state.grants += 1
+            self.state.max_held = max(self.state.max_held, len(self.state.holders))
+            self.told.pop(request.workflow_id, None)
+
+    async def _capacity(self) -> FleetCapacity:
+        assert self.policy is not None
+        try:
+            capacity: FleetCapacity = await workflow.execute_activity(
+                "k8s.fleet_capacity", self.policy.labels.gpu_node_selector, result_type=FleetCapacity,
+                start_to_close_timeout=self.policy.retries.call_timeout, summary="count GPU nodes out of service")
+            return capacity
+        except ActivityError:
+            # Without a count the share cannot be checked: hold every new lease until it can.
+            workflow.logger.warning("cannot count GPU nodes; no lease is granted until it can")
+            return FleetCapacity(gpu_nodes=0)
+
+    async def tell(self) -> None:
+        """Tell each runbook what changed for it: granted, its new place in line, or the pause."""
+        for lease in list(self.state.holders):
+            if self.told.get(lease.workflow_id) != 0:
+                if await self._signal(lease.workflow_id, LeaseAnswer(granted=True, paused=self.state.paused)):
+                    self.told[lease.workflow_id] = 0
+        for position, request in enumerate(list(self.state.queue), start=1):
+            if self.told.get(request.workflow_id) != position:
+                reason = f"paused by {self.state.paused.by}" if self.state.paused else "budget in use"
+                answer = LeaseAnswer(granted=False, position=position, paused=self.state.paused, reason=reason)
+                if await self._signal(request.workflow_id, answer):
+                    self.told[request.workflow_id] = position
+
+    async def _signal(self, workflow_id: str, answer: LeaseAnswer) -> bool:
+        try:
+            await workflow.get_external_workflow_handle(workflow_id).signal("lease", answer)
+            return True
+        except FailureError:
+            # The runbook is gone: its lease (or its place in line) goes back to the fleet.
+            workflow.logger.info("runbook %s is gone: reclaiming its lease", workflow_id)
+            self.release(workflow_id)
+            return False
+
+    async def reclaim(self) -> None:
+        """A lease held by a closed workflow is reclaimed (a crash between grant and release)."""
+        running = await workflow.execute_activity(
+            "temporal.running", [h.workflow_id for h in self.state.holders], result_type=list[str],
+            start_to_close_timeout=timedelta(seconds=30), summary="which lease holders still run")
+        for lease in list(self.state.holders):
+            if lease.workflow_id not in running:
+                workflow.logger.info("reclaiming the lease of closed runbook %s", lease.workflow_id)
+                self.release(lease.workflow_id)
