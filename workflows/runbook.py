@@ -92,7 +92,8 @@ class Runbook:
     def status(self) -> RunbookStatus:
         return RunbookStatus(
             runbook=self.runbook, workflow_id=self.workflow_id, cluster=self.cluster, node=self.node,
-            step=self.step_name, waiting_for=self.waiting_for, dry_run=self.dry_run, paused=self.paused,
+            step=self.step_name, waiting_for=self.waiting_for, dry_run=self.dry_run,
+            paused=self.paused or self.fleet_paused,
             escalation=self.escalation, outcome=self.outcome, decisions=list(self.decisions),
             actions=[a.summary for a in self.actions],
         )
