@@ -328,6 +328,13 @@ class Replaced(_Model):
     reason: str = ""
 
 
+class Approval(_Model):
+    """An operator's answer to an approval request (Update `approve` or `reject`)."""
+
+    by: str = ""
+    reason: str = ""
+
+
 class Escalation(_Model):
     step: str
     error: str
@@ -352,6 +359,7 @@ class RunbookStatus(_Model):
     dry_run: bool = False
     paused: Operator | None = None
     escalation: Escalation | None = None
+    awaiting_approval: str | None = None  # the step that waits for `approve` / `reject`
     outcome: str | None = None
     decisions: list[StepRecord] = Field(default_factory=list)
     actions: list[str] = Field(default_factory=list)
@@ -418,6 +426,7 @@ class LeaseAnswer(_Model):
     position: int = 0  # 1 = next in line
     paused: Operator | None = None
     reason: str = ""
+    out_fraction: float = 0.0  # share of GPU nodes out of service (leases included) at the grant
 
 
 class GuardState(_Model):

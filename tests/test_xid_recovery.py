@@ -353,3 +353,57 @@ async def test_failed_validation_leaves_the_node_quarantined(stack: Stack) -> No
     assert any(d.step == "validate" and "XID 79 on GPU 3" in d.result for d in report.decisions)
     assert stack.node("gpu-node-2")["spec"]["unschedulable"] is True
     assert stack.slurm_state("gpu-node-2")[0] == "down"
+
+
+async def test_approval_approve_continues_and_a_nameless_approval_is_refused(stack: Stack) -> None:
+    from temporalio.client import WorkflowUpdateFailedError
+
+    from fleetmedic.models import Approval
+
+    async def approve(handle: WorkflowHandle[Any, Any]) -> None:
+        await status_when(handle, lambda s: s.awaiting_approval == "replace")
+        assert stack.provider.requests == []  # nothing is asked of the provider before the approval
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update("approve", Approval(by=" "))
+        assert "an approver is required" in str(refused.value.cause)
+        answer = await handle.execute_update("approve", Approval(by="erin", reason="spare on site"), result_type=str)
+        assert answer == "replace approved by erin"
+
+    report, _ = await stack.run("gpu-node-0", policy=stack.policy(approvals={"steps": ["replace"]}), during=approve)
+    assert report.outcome == "remediated"
+    assert any(d.result == "approved by erin: spare on site" for d in report.decisions)
+    assert any("needs approval" in m["text"] and "@oncall" in m["text"] for m in stack.slack.messages)
+
+
+async def test_rejection_needs_a_reason_and_ends_the_run(stack: Stack) -> None:
+    from temporalio.client import WorkflowUpdateFailedError
+
+    from fleetmedic.models import Approval
+
+    async def reject(handle: WorkflowHandle[Any, Any]) -> None:
+        await status_when(handle, lambda s: s.awaiting_approval == "replace")
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update("reject", Approval(by="erin"))
+        assert "a rejection needs a reason" in str(refused.value.cause)
+        await handle.execute_update("reject", Approval(by="erin", reason="vendor visit on Monday"))
+
+    report, _ = await stack.run("gpu-node-1", policy=stack.policy(approvals={"steps": ["replace"]}), during=reject)
+    assert report.outcome == "rejected"
+    assert stack.provider.requests == []
+    assert "rejected by erin" in stack.node("gpu-node-1")["metadata"]["annotations"]["fleetmedic.io/quarantine-reason"]
+
+
+async def test_approval_timeout_escalates_or_aborts(stack: Stack) -> None:
+    from fleetmedic.models import Approval
+
+    async def late_approval(handle: WorkflowHandle[Any, Any]) -> None:
+        await status_when(handle, lambda s: any("no approval within" in d.result for d in s.decisions))
+        await handle.execute_update("approve", Approval(by="frank"))
+
+    escalating = stack.policy(approvals={"steps": ["replace"], "timeout": "1s", "on_timeout": "escalate"})
+    report, _ = await stack.run("gpu-node-2", policy=escalating, during=late_approval)
+    assert report.outcome == "remediated"
+    aborting = stack.policy(approvals={"steps": ["cordon"], "timeout": "1s", "on_timeout": "abort"})
+    report, _ = await stack.run("gpu-node-0", policy=aborting)
+    assert report.outcome == "aborted"
+    assert stack.node_writes("gpu-node-0") == []  # the cordon never happened

@@ -13,12 +13,12 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
 from fleetmedic.ids import NODE_RUNBOOKS, guard_workflow_id, node_workflow_id, start_attributes
-from fleetmedic.models import GuardState, NodeRunbookInput, Operator, RunbookStatus
+from fleetmedic.models import Approval, GuardState, NodeRunbookInput, Operator, RunbookStatus
 from fleetmedic.policy import PolicyError, load_policy
 from fleetmedic.settings import Settings, SettingsError
 
@@ -68,6 +68,14 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("--by", default=os.environ.get("USER", "cli"), help="who (recorded everywhere)")
         command.add_argument("--cluster", help="default: FLEETMEDIC_CLUSTER")
         guard_commands.append(command)
+    answers = []
+    for name, text in (("approve", "approve the step a runbook waits on"),
+                       ("reject", "reject the step a runbook waits on (needs --reason); the run ends")):
+        command = sub.add_parser(name, help=text)
+        command.add_argument("workflow_id")
+        command.add_argument("--by", default=os.environ.get("USER", ""), help="who approves (required)")
+        command.add_argument("--reason", default="")
+        answers.append(command)
     sub.add_parser("status", help="open runbooks: node, step, what each waits for")
     audit = sub.add_parser("audit", help="the timeline of one run, from its Temporal history")
     audit.add_argument("workflow_id")
@@ -77,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
     policy.add_argument("action", choices=("check", "default"))
     policy.add_argument("file", nargs="?")
 
-    for command in (run, audit, sub.choices["status"], sub.choices["worker"], webhook, *guard_commands):
+    for command in (run, audit, sub.choices["status"], sub.choices["worker"], webhook, *guard_commands, *answers):
         command.add_argument("--address", help="Temporal address (default: TEMPORAL_ADDRESS or localhost:7233)")
         command.add_argument("--namespace", help="Temporal namespace (default: TEMPORAL_NAMESPACE or default)")
     return p
@@ -161,6 +169,16 @@ async def client_command(args: argparse.Namespace, settings: Settings) -> int:
         return await status_command(client, settings)
     if args.command in ("pause", "resume"):
         return await guard_command(client, args, settings)
+    if args.command in ("approve", "reject"):
+        handle = client.get_workflow_handle(args.workflow_id)
+        try:
+            answer = await handle.execute_update(args.command, Approval(by=args.by, reason=args.reason),
+                                                 result_type=str)
+        except WorkflowUpdateFailedError as exc:
+            print(f"fleetmedic {args.command}: refused: {exc.cause}", file=sys.stderr)
+            return 2
+        print(answer)
+        return 0
     if args.command == "audit":
         from workers.audit import audit_command
 

@@ -40,6 +40,7 @@ class FleetGuard:
         self.dirty = True
         self.told: dict[str, int] = {}  # the queue position each waiter was last told
         self.policy: Policy | None = None
+        self.out_fraction = 0.0
 
     # --- what runbooks and operators send -----------------------------------------------------
 
@@ -133,6 +134,8 @@ class FleetGuard:
             self.state.grants += 1
             self.state.max_held = max(self.state.max_held, len(self.state.holders))
             self.told.pop(request.workflow_id, None)
+            out_now = len(set(capacity.unavailable) | {h.node for h in self.state.holders})
+            self.out_fraction = out_now / capacity.gpu_nodes
 
     async def _capacity(self) -> FleetCapacity:
         assert self.policy is not None
@@ -150,7 +153,8 @@ class FleetGuard:
         """Tell each runbook what changed for it: granted, its new place in line, or the pause."""
         for lease in list(self.state.holders):
             if self.told.get(lease.workflow_id) != 0:
-                if await self._signal(lease.workflow_id, LeaseAnswer(granted=True, paused=self.state.paused)):
+                answer = LeaseAnswer(granted=True, paused=self.state.paused, out_fraction=self.out_fraction)
+                if await self._signal(lease.workflow_id, answer):
                     self.told[lease.workflow_id] = 0
         for position, request in enumerate(list(self.state.queue), start=1):
             if self.told.get(request.workflow_id) != position:

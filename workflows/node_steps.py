@@ -17,7 +17,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
 from temporalio.exceptions import ActivityError
 
-from workflows.runbook import Runbook
+from workflows.runbook import Runbook, RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import ids
@@ -50,6 +50,10 @@ POLL = timedelta(seconds=2)
 
 async def _nothing() -> None:
     return None
+
+
+class Rejected(RunbookAborted):
+    """An operator rejected a step that needed approval."""
 
 
 class OptedOut(Exception):
@@ -93,13 +97,49 @@ class NodeRunbook(Runbook):
     def target(self, reason: str = "") -> NodeTarget:
         return NodeTarget(node=self.node, workflow_id=self.workflow_id, reason=reason, dry_run=self.dry_run)
 
-    async def gate(self, step: str) -> None:
-        """The safety gate of a destructive step: pause, then opt-out, checked right now."""
+    async def gate(self, step: str, kinds: tuple[str, ...] = ()) -> None:
+        """The safety gate of a destructive step: pause, approval when policy asks, then the
+        opt-out, checked right now. `kinds`: the policy's names for what the step does."""
         self.enter(step)
+        await self.approval_for(step, kinds or (step,))
         opt_out = await self.before_destructive(step)
         if opt_out.opted_out:
             raise OptedOut(step, opt_out.reasons)
         self.mutated = True
+
+    async def approval_for(self, step: str, kinds: tuple[str, ...]) -> None:
+        """Wait for an `approve` Update when policy names the step, or when the fleet is already
+        past the policy's level of nodes out of service. Rejection ends the run."""
+        assert self.policy is not None
+        rules = self.policy.approvals
+        out = self.lease_answer.out_fraction if self.lease_answer else 0.0
+        why = ("policy asks approval for " + "/".join(k for k in kinds if k in rules.steps)
+               if any(k in rules.steps for k in kinds) else
+               f"{out:.0%} of GPU nodes are out, above the approval level {rules.above_unavailable_fraction:.0%}"
+               if rules.above_unavailable_fraction is not None and out > rules.above_unavailable_fraction else None)
+        if why is None or self.dry_run:
+            if why:
+                self.decide(step, f"would ask for approval: {why}")
+            return
+        self.awaiting_approval = step
+        self.approval = None
+        self.decide(step, f"waiting for approval: {why}")
+        await self.say(f":raised_hand: *{step}* of `{self.node}` needs approval ({why}): "
+                       f"`fleetmedic approve {self.workflow_id}` or `fleetmedic reject {self.workflow_id} --reason …`",
+                       mention=self.policy.escalation.slack_mention)
+        while not await self.wait(f"approval of {step}", lambda: self.approval is not None, timeout=rules.timeout):
+            if rules.on_timeout == "abort":
+                self.awaiting_approval = None
+                raise RunbookAborted("fleetmedic", f"no approval for {step} within {rules.timeout}")
+            await self.say(f":hourglass: *{step}* of `{self.node}` still waits for approval after {rules.timeout}",
+                           mention=self.policy.escalation.slack_mention)
+            self.decide(step, f"escalated: no approval within {rules.timeout}")
+        self.awaiting_approval = None
+        assert self.approval is not None
+        verdict, approval = self.approval
+        self.decide(step, f"{verdict}d by {approval.by}" + (f": {approval.reason}" if approval.reason else ""))
+        if verdict == "reject":
+            raise Rejected(approval.by, approval.reason)
 
     # --- disruption lease -------------------------------------------------------------------------
 
@@ -152,7 +192,7 @@ class NodeRunbook(Runbook):
             self.call("take out of service", "slurm.jobs_on_node", self.node, list[SlurmJob]) if slurm
             else _nothing(),
             self.call("take out of service", "k8s.get_node", self.node, NodeInfo),
-            self.gate("take out of service"))
+            self.gate("take out of service", ("cordon", "slurm_down")))
         self.node_gpus = node.gpu_allocatable if node else 0
         self.out_since = workflow.now()
         if not slurm:
@@ -254,7 +294,7 @@ class NodeRunbook(Runbook):
         """One provider request per action and run (the idempotency key makes retries the same request);
         a provider that needs a person makes the run wait for `replaced`."""
         assert self.policy is not None
-        await self.gate(action)
+        await self.gate(action, (action,))
         result = await self.call(action, "provider.request", ProviderRequest(
             cluster=self.cluster, node=self.node, action=action, reason=reason,
             idempotency_key=self.idempotency_key(action), dry_run=self.dry_run), ProviderResult,

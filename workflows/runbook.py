@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic.models import (
         ActionResult,
         Alert,
+        Approval,
         Escalation,
         EscalationAnswer,
         LeaseAnswer,
@@ -84,6 +85,8 @@ class Runbook:
         self.thread: NotifyResult | None = None
         self.thread_task: asyncio.Future[NotifyResult] | None = None
         self.lease_answer: LeaseAnswer | None = None
+        self.awaiting_approval: str | None = None
+        self.approval: tuple[str, Approval] | None = None  # ("approve" | "reject", who and why)
         self.fleet_paused: Operator | None = None  # the fleet guard's global pause
 
     # --- operator handlers --------------------------------------------------------------------
@@ -93,7 +96,7 @@ class Runbook:
         return RunbookStatus(
             runbook=self.runbook, workflow_id=self.workflow_id, cluster=self.cluster, node=self.node,
             step=self.step_name, waiting_for=self.waiting_for, dry_run=self.dry_run,
-            paused=self.paused or self.fleet_paused,
+            paused=self.paused or self.fleet_paused, awaiting_approval=self.awaiting_approval,
             escalation=self.escalation, outcome=self.outcome, decisions=list(self.decisions),
             actions=[a.summary for a in self.actions],
         )
@@ -123,6 +126,33 @@ class Runbook:
     @workflow.signal
     def replaced(self, replaced: Replaced) -> None:
         self.replaced_signal = replaced
+
+    @workflow.update
+    def approve(self, approval: Approval) -> str:
+        self.approval = ("approve", approval)
+        return f"{self.awaiting_approval} approved by {approval.by}"
+
+    @approve.validator
+    def _validate_approve(self, approval: Approval) -> None:
+        self._validate_answer(approval, needs_reason=False)
+
+    @workflow.update
+    def reject(self, approval: Approval) -> str:
+        self.approval = ("reject", approval)
+        return f"{self.awaiting_approval} rejected by {approval.by}"
+
+    @reject.validator
+    def _validate_reject(self, approval: Approval) -> None:
+        self._validate_answer(approval, needs_reason=True)
+
+    def _validate_answer(self, approval: Approval, needs_reason: bool) -> None:
+        # Validators refuse before anything is written to the history.
+        if not approval.by.strip():
+            raise ValueError("an approver is required (by)")
+        if needs_reason and not approval.reason.strip():
+            raise ValueError("a rejection needs a reason")
+        if self.awaiting_approval is None:
+            raise ValueError("this run is not waiting for an approval")
 
     @workflow.signal
     def lease(self, answer: LeaseAnswer) -> None:

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 
 from temporalio import workflow
 
-from workflows.node_steps import NodeRunbook, OptedOut
+from workflows.node_steps import NodeRunbook, OptedOut, Rejected
 from workflows.runbook import RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
@@ -54,6 +54,10 @@ class XidRecovery(NodeRunbook):
             await self.recover(input)
         except OptedOut as opted:
             await self.stop_for_opt_out(opted)
+        except Rejected as rejected:
+            if self.mutated:
+                await self.leave_quarantined(f"{self.step_name} rejected by {rejected.by}: {rejected.reason}")
+            await self.record_outcome("rejected", f"rejected by {rejected.by}: {rejected.reason}", warning=True)
         except RunbookAborted as aborted:
             if self.mutated:
                 await self.leave_quarantined(f"run aborted by {aborted.by}: {aborted.reason}")
