@@ -7,6 +7,7 @@ cluster the first time one of its runbooks asks.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from temporalio import activity
@@ -50,5 +51,13 @@ class TemporalActivities:
                 alive.append(workflow_id)
         return alive
 
+    @activity.defn(name="temporal.count_remediations")
+    async def count_remediations(self, cluster: str, node: str, since: datetime) -> int:
+        """Runs that took this node out of service since `since`: the lemon-node rule counts them."""
+        query = (f'FleetCluster = "{cluster}" AND FleetNode = "{node}" AND ExecutionStatus != "Running" '
+                 f'AND FleetOutcome IN ("remediated", "quarantined", "lemon") '
+                 f'AND StartTime > "{since.isoformat().replace("+00:00", "Z")}"')
+        return (await self.client.count_workflows(query)).count
+
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.request_lease, self.release_lease, self.running]
+        return [self.request_lease, self.release_lease, self.running, self.count_remediations]

@@ -407,3 +407,14 @@ async def test_approval_timeout_escalates_or_aborts(stack: Stack) -> None:
     report, _ = await stack.run("gpu-node-0", policy=aborting)
     assert report.outcome == "aborted"
     assert stack.node_writes("gpu-node-0") == []  # the cordon never happened
+
+
+async def test_third_remediation_in_the_window_retires_a_lemon_node(stack: Stack) -> None:
+    policy = stack.policy(lemon={"count": 3, "window": "7d"})
+    outcomes = [(await stack.run("gpu-node-1", policy=policy))[0].outcome for _ in range(3)]
+    assert outcomes == ["remediated", "remediated", "lemon"]
+    assert [r["action"] for r in stack.provider.accepted()] == ["replace", "replace", "rma"]
+    node = stack.node("gpu-node-1")
+    assert node["spec"]["unschedulable"] is True
+    assert "lemon node: 3 remediations" in node["metadata"]["annotations"]["fleetmedic.io/quarantine-reason"]
+    assert stack.slurm_state("gpu-node-1")[0] == "down"

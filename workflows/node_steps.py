@@ -306,7 +306,10 @@ class NodeRunbook(Runbook):
                                          dry_run=result.dry_run, detail=result.reference))
         self.decide(action, f"{result.provider}: {result.detail or 'accepted'}"
                     + (f" (ref {result.reference})" if result.reference else ""))
-        if result.needs_human and not self.dry_run:
+        if result.needs_human and action == "rma":
+            await self.say(f":package: RMA of `{self.node}` needs a person: {result.detail}",
+                           mention=self.policy.escalation.slack_mention)
+        elif result.needs_human and not self.dry_run:
             await self.say(f":wrench: {action} of `{self.node}` needs a person: {result.detail}",
                            mention=self.policy.escalation.slack_mention)
             deadline = self.policy.grace.node_ready_deadline
@@ -335,6 +338,41 @@ class NodeRunbook(Runbook):
         self.decide("reset", f"no node agent can reset GPU {gpu}: falling back to {fallback} (policy)")
         await self.ask_provider(fallback, reason)
         return fallback
+
+    # --- lemon nodes ---------------------------------------------------------------------------
+
+    async def is_lemon(self) -> int:
+        """How many times this node was taken out within the lemon window, this run included, when
+        that reaches the policy's count (0 otherwise)."""
+        assert self.policy is not None
+        since = workflow.now() - self.policy.lemon.window
+        before = await self.call("lemon check", "temporal.count_remediations", [self.cluster, self.node, since], int,
+                                 spread=True) or 0
+        count = before + 1
+        if count >= self.policy.lemon.count:
+            self.decide("lemon check", f"remediation #{count} of {self.node} within {self.policy.lemon.window}: "
+                                       f"a lemon node, it goes out for RMA instead of another round")
+            return count
+        self.decide("lemon check", f"remediation #{count} within {self.policy.lemon.window} "
+                                   f"(lemon at {self.policy.lemon.count})")
+        return 0
+
+    async def retire_lemon(self, count: int, state: SlurmNodeState, why: str) -> str:
+        """Out of service for good: drained, RMA requested, left quarantined and annotated."""
+        assert self.policy is not None
+        reason = f"fleetmedic: lemon node, {count} remediations in {self.policy.lemon.window} ({self.workflow_id})"
+        await self.take_lease()
+        signalled_at = workflow.now()
+        jobs = await self.take_out_of_service(state, reason)
+        await self.grace_for_checkpoints(jobs, signalled_at, self.policy.grace.checkpoint)
+        await self.ensure_requeued(jobs)
+        await self.drain()
+        await self.ask_provider("rma", f"{why}; {count} remediations within {self.policy.lemon.window}")
+        await self.leave_quarantined(f"lemon node: {count} remediations within {self.policy.lemon.window}; "
+                                     "RMA requested")
+        await self.release_lease()
+        return await self.record_outcome("lemon", f"{self.node} retired for RMA after {count} remediations",
+                                         warning=True)
 
     # --- back in service ----------------------------------------------------------------------
 

@@ -145,6 +145,9 @@ class XidRecovery(NodeRunbook):
         assert self.policy is not None
         xid, gpu = self.input.xid, self.input.gpu
         reason = f"fleetmedic: XID {xid} on GPU {_gpu(gpu)} ({self.workflow_id})"
+        why = f"XID {xid} on GPU {_gpu(gpu)} of {self.node}: {verdict.reason}"
+        if lemon := await self.is_lemon():
+            return await self.retire_lemon(lemon, SlurmNodeState.DOWN, why)
 
         await self.take_lease()
         signalled_at = workflow.now()
@@ -154,7 +157,6 @@ class XidRecovery(NodeRunbook):
         await self.drain()
 
         requested_at = workflow.now()
-        why = f"XID {xid} on GPU {_gpu(gpu)} of {self.node}: {verdict.reason}"
         if verdict.action is XidAction.REPLACE:
             await self.ask_provider("replace", why)
             done = "replace"
