@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio import workflow
@@ -17,7 +18,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from fleetmedic.models import NodeRunbookInput, RunbookStatus
+from fleetmedic.models import RunbookStatus
 from workers.worker import sandbox_runner
 from workflows import WORKFLOWS
 from workflows.xid_recovery import XidRecovery
@@ -45,8 +46,8 @@ class ReorderedXidRecovery(XidRecovery):
     """The runbook with one extra step, as an unguarded code change would make it."""
 
     @workflow.run
-    async def run(self, input: NodeRunbookInput) -> RunbookStatus:
-        return await super().run(input)
+    async def run(self, raw: dict[str, Any]) -> RunbookStatus:
+        return await super().run(raw)
 
     async def take_lease(self) -> None:
         await workflow.sleep(1)

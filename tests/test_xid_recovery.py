@@ -418,3 +418,17 @@ async def test_third_remediation_in_the_window_retires_a_lemon_node(stack: Stack
     assert node["spec"]["unschedulable"] is True
     assert "lemon node: 3 remediations" in node["metadata"]["annotations"]["fleetmedic.io/quarantine-reason"]
     assert stack.slurm_state("gpu-node-1")[0] == "down"
+
+
+async def test_an_invalid_start_input_fails_the_run_with_the_reason(client: Client, task_queue: str,
+                                                                     kube: KubeEmulatorThread) -> None:
+    from temporalio.client import WorkflowFailureError
+
+    settings = settings_for(task_queue, kube)
+    async with worker_for(client, settings, quick_policy(kube.kubeconfig.parent)):  # type: ignore[attr-defined]
+        handle = await client.start_workflow("xid-recovery", {"cluster": "", "node": "gpu-1", "xid": "seventy-nine"},
+                                             id=f"xid-recovery/{task_queue}/bad", task_queue=task_queue)
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(handle.result(), 30)
+    message = str(failed.value.cause)
+    assert "invalid xid-recovery input" in message and "cluster:" in message and "xid:" in message

@@ -23,13 +23,17 @@ the remediation path if a destructive XID arrives meanwhile.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 from workflows.node_steps import NodeRunbook, OptedOut, Rejected
 from workflows.runbook import RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from fleetmedic.models import Alert, NodeRunbookInput, RunbookStatus, SlurmNodeState
     from fleetmedic.xid import XidAction, XidClassification, classify_xid
 
@@ -39,7 +43,12 @@ class XidRecovery(NodeRunbook):
     runbook = "xid-recovery"
 
     @workflow.init
-    def __init__(self, input: NodeRunbookInput) -> None:
+    def __init__(self, raw: dict[str, Any]) -> None:
+        # The input arrives as plain JSON (the UI's Start Workflow form, the CLI, the webhook) and is
+        # validated here, so a bad one fails the run with the reason instead of a stuck workflow task.
+        self.invalid = input_error(raw)
+        input = NodeRunbookInput.model_validate(raw) if self.invalid is None else NodeRunbookInput(
+            cluster=str(raw.get("cluster") or "?"), node=str(raw.get("node") or "?"))
         self._init_state(input.cluster, input.node, workflow.info().workflow_id, input.dry_run)
         self.input = input
         # Every XID seen on this node during the run: (xid, gpu, when). Bursts and repeats count these.
@@ -48,8 +57,12 @@ class XidRecovery(NodeRunbook):
             self.alerts.append(input.alert)
 
     @workflow.run
-    async def run(self, input: NodeRunbookInput) -> RunbookStatus:
+    async def run(self, raw: dict[str, Any]) -> RunbookStatus:
         """Returns the run's report: outcome, every decision with its reason, every change made."""
+        if self.invalid is not None:
+            raise ApplicationError(f"invalid xid-recovery input: {self.invalid}", type="InvalidInput",
+                                   non_retryable=True)
+        input = self.input
         try:
             await self.recover(input)
         except OptedOut as opted:
@@ -184,6 +197,17 @@ class XidRecovery(NodeRunbook):
             await self.say(f":warning: {text}. Steps already taken are left in place.",
                            mention=self.policy.escalation.slack_mention)
         return await self.record_outcome("opted-out", text, warning=self.mutated)
+
+
+def input_error(raw: Any) -> str | None:
+    """Why `raw` is not a NodeRunbookInput, in one line (None when it is one)."""
+    if not isinstance(raw, dict):
+        return f"expected a JSON object, got {type(raw).__name__}"
+    try:
+        NodeRunbookInput.model_validate(raw)
+    except ValidationError as exc:
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
+    return None
 
 
 def _gpu(gpu: int | None) -> str:
