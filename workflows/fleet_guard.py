@@ -19,6 +19,7 @@ with its state before its history grows large. Recovery steps never ask it for a
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
@@ -29,6 +30,9 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic.policy import Policy
 
 RECLAIM_EVERY = timedelta(minutes=1)
+# How long a count of the fleet's out-of-service nodes is reused. Leases are always counted
+# fresh; only nodes that went NotReady or were cordoned by others in the last seconds can be missed.
+CAPACITY_TTL = timedelta(seconds=5)
 HOUR = timedelta(hours=1)
 
 
@@ -41,6 +45,8 @@ class FleetGuard:
         self.told: dict[str, int] = {}  # the queue position each waiter was last told
         self.policy: Policy | None = None
         self.out_fraction = 0.0
+        self.capacity: FleetCapacity | None = None
+        self.capacity_at = workflow.now()
 
     # --- what runbooks and operators send -----------------------------------------------------
 
@@ -139,10 +145,13 @@ class FleetGuard:
 
     async def _capacity(self) -> FleetCapacity:
         assert self.policy is not None
+        if self.capacity is not None and workflow.now() - self.capacity_at < CAPACITY_TTL:
+            return self.capacity
         try:
             capacity: FleetCapacity = await workflow.execute_activity(
                 "k8s.fleet_capacity", self.policy.labels.gpu_node_selector, result_type=FleetCapacity,
                 start_to_close_timeout=self.policy.retries.call_timeout, summary="count GPU nodes out of service")
+            self.capacity, self.capacity_at = capacity, workflow.now()
             return capacity
         except ActivityError:
             # Without a count the share cannot be checked: hold every new lease until it can.
@@ -150,18 +159,22 @@ class FleetGuard:
             return FleetCapacity(gpu_nodes=0)
 
     async def tell(self) -> None:
-        """Tell each runbook what changed for it: granted, its new place in line, or the pause."""
-        for lease in list(self.state.holders):
+        """Tell each runbook what changed for it: granted, its new place in line, or the pause.
+        The signals go out together (one workflow task), not one round trip after another."""
+        messages: list[tuple[str, int, LeaseAnswer]] = []
+        for lease in self.state.holders:
             if self.told.get(lease.workflow_id) != 0:
-                answer = LeaseAnswer(granted=True, paused=self.state.paused, out_fraction=self.out_fraction)
-                if await self._signal(lease.workflow_id, answer):
-                    self.told[lease.workflow_id] = 0
-        for position, request in enumerate(list(self.state.queue), start=1):
+                messages.append((lease.workflow_id, 0, LeaseAnswer(granted=True, paused=self.state.paused,
+                                                                   out_fraction=self.out_fraction)))
+        for position, request in enumerate(self.state.queue, start=1):
             if self.told.get(request.workflow_id) != position:
                 reason = f"paused by {self.state.paused.by}" if self.state.paused else "budget in use"
-                answer = LeaseAnswer(granted=False, position=position, paused=self.state.paused, reason=reason)
-                if await self._signal(request.workflow_id, answer):
-                    self.told[request.workflow_id] = position
+                messages.append((request.workflow_id, position, LeaseAnswer(
+                    granted=False, position=position, paused=self.state.paused, reason=reason)))
+        delivered = await asyncio.gather(*(self._signal(workflow_id, answer) for workflow_id, _, answer in messages))
+        for (workflow_id, position, _), ok in zip(messages, delivered, strict=True):
+            if ok:
+                self.told[workflow_id] = position
 
     async def _signal(self, workflow_id: str, answer: LeaseAnswer) -> bool:
         try:
