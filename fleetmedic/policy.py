@@ -124,6 +124,8 @@ class BudgetPolicy(_Strict):
     max_per_domain: int = Field(2, ge=1)
     # The fleet guard continues-as-new (keeping its state) past this many history events.
     guard_history_events: int = Field(2000, ge=50, le=40000)
+    # How often the guard checks that lease holders still run (a crashed holder's lease comes back).
+    guard_reclaim_interval: Duration = Field(default_factory=lambda: _td(minutes=1))
 
 
 class ApprovalPolicy(_Strict):

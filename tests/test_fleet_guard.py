@@ -122,3 +122,35 @@ async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Clie
             assert state.paused is not None and state.paused.reason == "change freeze"
             await guard.signal("resume", Operator(by="dana"))
             assert (await asyncio.wait_for(second.result(), 60)).outcome == "remediated"
+
+
+async def test_the_lease_of_a_closed_runbook_is_reclaimed(client: Client, task_queue: str, kube: KubeEmulatorThread,
+                                                          provider_http: ProviderStandIn, tmp_path: Path) -> None:
+    for i in range(10):
+        kube.emulator.put(fleet.node(f"gpu-{i}"))
+    policy = guard_policy(tmp_path, provider_http, max_concurrent=1, guard_reclaim_interval="2s")
+    settings = settings_for(task_queue, kube, provider=provider_http)
+    cluster = task_queue
+    async with worker_for(client, settings, policy):
+        # No provider controller: the run holds its lease while it waits for its node.
+        holder = await client.start_workflow(
+            "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-1", gpu=0, xid=79),
+            id=node_workflow_id("xid-recovery", cluster, "gpu-1"), task_queue=task_queue)
+        while [h.workflow_id for h in (await guard_state(client, cluster)).holders] != [holder.id]:
+            await asyncio.sleep(0.2)
+        waiter = await client.start_workflow(
+            "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-2", gpu=0, xid=79),
+            id=node_workflow_id("xid-recovery", cluster, "gpu-2"), task_queue=task_queue, result_type=RunbookStatus)
+        while not (await guard_state(client, cluster)).queue:
+            await asyncio.sleep(0.2)
+        described = [w async for w in client.list_workflows(
+            f'WorkflowId = "{waiter.id}" AND FleetStep = "waiting for lease (position 1)"')]
+        assert len(described) == 1  # the wait is visible to search
+        await holder.terminate("the worker's host died and an operator cleaned up")
+        for _ in range(100):
+            state = await guard_state(client, cluster)
+            if [h.workflow_id for h in state.holders] == [waiter.id]:
+                break
+            await asyncio.sleep(0.2)
+        assert [h.workflow_id for h in state.holders] == [waiter.id]  # reclaimed, and granted to the next
+        await waiter.terminate("test over")

@@ -29,7 +29,6 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic.models import FleetCapacity, GuardState, Lease, LeaseAnswer, LeaseRequest, Operator
     from fleetmedic.policy import Policy
 
-RECLAIM_EVERY = timedelta(minutes=1)
 # How long a count of the fleet's out-of-service nodes is reused. Leases are always counted
 # fresh; only nodes that went NotReady or were cordoned by others in the last seconds can be missed.
 CAPACITY_TTL = timedelta(seconds=5)
@@ -101,7 +100,8 @@ class FleetGuard:
 
     async def _wake(self) -> bool:
         try:
-            await workflow.wait_condition(lambda: self.dirty, timeout=RECLAIM_EVERY,
+            assert self.policy is not None
+            await workflow.wait_condition(lambda: self.dirty, timeout=self.policy.budget.guard_reclaim_interval,
                                           timeout_summary="reclaim leases of closed runbooks")
         except TimeoutError:
             return False
