@@ -162,8 +162,10 @@ class Runbook:
         if not answer.granted and self.waiting_for is not None and self.waiting_for.startswith("lease"):
             self.waiting_for = f"lease, position {answer.position} ({answer.reason})"
             # Visible in the UI's list and to `FleetStep = "waiting for lease (position 3)"` queries.
-            workflow.upsert_search_attributes([ids.FLEET_STEP.value_set(f"waiting for lease (position "
-                                                                        f"{answer.position})")])
+            # Patched: runs recorded before this existed replay without the upsert.
+            if workflow.patched("lease-position-search-attribute"):
+                workflow.upsert_search_attributes([ids.FLEET_STEP.value_set(f"waiting for lease (position "
+                                                                            f"{answer.position})")])
 
     # --- bookkeeping --------------------------------------------------------------------------
 
