@@ -91,7 +91,7 @@ class XidRecovery(NodeRunbook):
             verdict = await self.watch_without_action(verdict)
             if not verdict.destructive:
                 return self.outcome or "notified"
-        return await self.remediate(verdict, input.gpu)
+        return await self.remediate(verdict)
 
     # --- 1. classify ------------------------------------------------------------------------------
 
@@ -154,9 +154,9 @@ class XidRecovery(NodeRunbook):
 
     # --- remediation path ---------------------------------------------------------------------------
 
-    async def remediate(self, verdict: XidClassification, gpu: int | None) -> str:
+    async def remediate(self, verdict: XidClassification) -> str:
         assert self.policy is not None
-        xid, gpu = self.input.xid, self.input.gpu
+        xid, gpu = self.input.xid, self.input.gpu  # a destructive XID that arrived later may have replaced them
         reason = f"fleetmedic: XID {xid} on GPU {_gpu(gpu)} ({self.workflow_id})"
         why = f"XID {xid} on GPU {_gpu(gpu)} of {self.node}: {verdict.reason}"
         if lemon := await self.is_lemon():
