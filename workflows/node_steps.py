@@ -188,11 +188,21 @@ class NodeRunbook(Runbook):
         node out of service within a second of the alert. Returns the Slurm jobs that ran there.
         """
         slurm = self.context.slurm_enabled
-        jobs, node, _ = await asyncio.gather(
-            self.call("take out of service", "slurm.jobs_on_node", self.node, list[SlurmJob]) if slurm
-            else _nothing(),
-            self.call("take out of service", "k8s.get_node", self.node, NodeInfo),
-            self.gate("take out of service", ("cordon", "slurm_down")))
+
+        def read() -> Any:
+            return asyncio.gather(
+                self.call("take out of service", "slurm.jobs_on_node", self.node, list[SlurmJob]) if slurm
+                else _nothing(),
+                self.call("take out of service", "k8s.get_node", self.node, NodeInfo))
+
+        if workflow.patched("read-jobs-after-the-gate"):
+            # The gate may wait hours (a pause, an approval): read the node's jobs after it, so the
+            # jobs we wait for and requeue are the ones SIGTERM actually reaches.
+            await self.gate("take out of service", ("cordon", "slurm_down"))
+            jobs, node = await read()
+        else:  # runs recorded before the patch read and gated together
+            (jobs, node), _ = await asyncio.gather(read(), self.gate("take out of service",
+                                                                      ("cordon", "slurm_down")))
         self.node_gpus = node.gpu_allocatable if node else 0
         self.out_since = workflow.now()
         if not slurm:
