@@ -432,3 +432,27 @@ async def test_an_invalid_start_input_fails_the_run_with_the_reason(client: Clie
             await asyncio.wait_for(handle.result(), 30)
     message = str(failed.value.cause)
     assert "invalid xid-recovery input" in message and "cluster:" in message and "xid:" in message
+
+
+async def test_run_metrics_reach_the_workers_metrics_endpoint(client: Client, task_queue: str,
+                                                               kube: KubeEmulatorThread, tmp_path: Path) -> None:
+    import httpx
+
+    from workers.devstack.slurm_cluster import free_port
+    from workers.temporal_client import connect
+    from workers.worker import metrics_runtime
+
+    port = free_port()
+    metered = await connect(runtime=metrics_runtime(port), target_host=client.service_client.config.target_host)
+    kube.emulator.put(fleet.node("gpu-m"))
+    settings = settings_for(task_queue, kube)
+    async with worker_for(metered, settings, quick_policy(tmp_path)):
+        report = await metered.execute_workflow(
+            "xid-recovery", NodeRunbookInput(cluster=task_queue, node="gpu-m", gpu=1, xid=79, dry_run=True),
+            id=node_workflow_id("xid-recovery", task_queue, "gpu-m"), task_queue=task_queue,
+            result_type=RunbookStatus)
+        assert report.outcome == "remediated"
+        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    finished = [line for line in body.splitlines() if line.startswith("fleetmedic_runbooks_finished")]
+    assert any('outcome="remediated"' in line and 'runbook="xid-recovery"' in line for line in finished), finished
+    assert "fleetmedic_time_to_repair" in body
