@@ -143,9 +143,15 @@ async def test_the_lease_of_a_closed_runbook_is_reclaimed(client: Client, task_q
             id=node_workflow_id("xid-recovery", cluster, "gpu-2"), task_queue=task_queue, result_type=RunbookStatus)
         while not (await guard_state(client, cluster)).queue:
             await asyncio.sleep(0.2)
-        described = [w async for w in client.list_workflows(
-            f'WorkflowId = "{waiter.id}" AND FleetStep = "waiting for lease (position 1)"')]
-        assert len(described) == 1  # the wait is visible to search
+        # The wait is visible to search (once the guard's answer reached the runbook and the
+        # visibility store caught up: both are asynchronous).
+        query = f'WorkflowId = "{waiter.id}" AND FleetStep = "waiting for lease (position 1)"'
+        for _ in range(100):
+            if [w async for w in client.list_workflows(query)]:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("the waiting runbook never showed its place in line in FleetStep")
         await holder.terminate("the worker's host died and an operator cleaned up")
         for _ in range(100):
             state = await guard_state(client, cluster)
