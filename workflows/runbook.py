@@ -51,7 +51,6 @@ READ_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval
                          maximum_attempts=8, non_retryable_error_types=list(NON_RETRYABLE))
 NOTIFY_RETRY = RetryPolicy(maximum_attempts=2)
 SHORT = timedelta(seconds=30)
-NO_ARG: Any = object()  # `call(..., NO_ARG, ...)` for activities that take no argument
 
 
 class RunbookAborted(Exception):
@@ -228,7 +227,7 @@ class Runbook:
             self.check_abort()
             try:
                 result: T = await workflow.execute_activity(
-                    activity, args=[] if arg is NO_ARG else (list(arg) if spread else [arg]), result_type=result_type,
+                    activity, args=list(arg) if spread else [arg], result_type=result_type,
                     start_to_close_timeout=timeout or self.call_timeout(), heartbeat_timeout=heartbeat,
                     retry_policy=retry or self.retry("reads"),
                     summary=summary or f"{step}: {activity}",

@@ -30,7 +30,7 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -150,7 +150,6 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         self.state_lock = threading.RLock()
         self.watchers: list[_Watcher] = []
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.on_change: list[Callable[[str, dict[str, Any]], None]] = []
         for (group, version, plural), (kind, namespaced) in self.kinds.items():
             self._declare(group, version, plural, kind, namespaced)
 
@@ -202,11 +201,8 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     def remove(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
         key = self.key_for(api_version, kind)
         with self.state_lock:
-            ns = namespace if self.kinds[key][1] else None
-            obj = self.store.pop((key, ns, name), None)
-            if obj is not None:
-                self._bump(obj)
-                self._publish(key, "DELETED", obj)
+            if (key, self._ns(key, namespace), name) in self.store:
+                self._delete(key, namespace, name)
 
     def inject(self, method: str | None, plural: str | None, *, name: str | None = None,
                subresource: str | None = None, status: int = 500, times: int = 1,
@@ -234,8 +230,6 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         self._bump(obj)
         self.store[(key, ns, name)] = obj
         self._publish(key, event, obj)
-        for callback in list(self.on_change):
-            callback(event, copy.deepcopy(obj))
         return obj
 
     def _publish(self, key: tuple[str, str, str], event: str, obj: dict[str, Any]) -> None:
@@ -398,8 +392,6 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         del self.store[(key, self._ns(key, namespace), name)]
         self._bump(obj)
         self._publish(key, "DELETED", obj)
-        for callback in list(self.on_change):
-            callback("DELETED", copy.deepcopy(obj))
         return copy.deepcopy(obj)  # as the API server does: the object as it was deleted
 
     def _evict(self, key: tuple[str, str, str], namespace: str | None, name: str) -> dict[str, Any]:
