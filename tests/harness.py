@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
 from fleetmedic.policy import Policy, parse_policy
@@ -36,6 +37,11 @@ trap on_term TERM
 touch "$dir/step-$step"
 while true; do sleep 0.2; done
 """
+
+
+def run_activity(fn: Any, *args: Any) -> Any:
+    """Run one activity (sync or async) in Temporal's activity test context (heartbeats work)."""
+    return ActivityEnvironment().run(fn, *args)
 
 
 def quick_policy(tmp_path: Path, **overrides: Any) -> Policy:

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
 
 from activities.agent import AgentActivities
 from fleetmedic.models import GpuResetRequest, Validate
+from tests.harness import run_activity as run
 from workers.devstack.standins import AgentStandIn
 
 
@@ -19,9 +19,6 @@ def agent() -> Iterator[AgentStandIn]:
     with AgentStandIn() as server:
         yield server  # type: ignore[misc]
 
-
-def run(fn, *args):  # type: ignore[no-untyped-def]
-    return ActivityEnvironment().run(fn, *args)
 
 
 def test_validation_passes_and_fails_with_its_checks(agent: AgentStandIn) -> None:

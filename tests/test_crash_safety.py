@@ -105,7 +105,7 @@ async def test_worker_killed_after_each_side_effect(moment: str, client: Client,
            slack.api_url, "FLEETMEDIC_PROVIDER_TOKEN": provider_http.token or "", "FLEETMEDIC_METRICS_PORT": "0"}
 
     def sinfo() -> tuple[str, str]:
-        state, _, reason = slurm.run("sinfo", "-h", "-n", node, "-o", "%t|%E", timeout=3).stdout.strip().partition("|")
+        state, reason = slurm.node_state(node, timeout=3)
         return state.rstrip("*"), reason
 
     def node_obj() -> dict[str, Any]:

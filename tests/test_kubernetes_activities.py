@@ -12,6 +12,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.kubernetes import PRE_CORDONED, KubernetesActivities, load_api_client
 from fleetmedic.models import EventRequest, EvictRequest, NodeTarget, Taint, TaintRequest
 from fleetmedic.policy import Policy
+from tests.harness import run_activity as run
 from workers.devstack import fleet
 from workers.devstack.kube_emulator import KubeEmulatorThread
 
@@ -24,9 +25,6 @@ def k8s(kube: KubeEmulatorThread) -> KubernetesActivities:
     return KubernetesActivities(cache(lambda: load_api_client(str(kube.kubeconfig))),  # type: ignore[attr-defined]
                                 Policy(), timeout_s=2)
 
-
-def run(fn, *args):  # type: ignore[no-untyped-def]
-    return ActivityEnvironment().run(fn, *args)
 
 
 def node(kube: KubeEmulatorThread, name: str = "n1") -> dict:  # type: ignore[type-arg]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
 
 from activities.kubernetes import load_api_client
 from activities.providers import ProviderActivities, make_provider
@@ -14,6 +13,7 @@ from activities.providers.karpenter import KarpenterProvider
 from activities.providers.manual import ManualProvider
 from fleetmedic.models import ProviderRequest
 from fleetmedic.policy import ClusterApiProviderPolicy, KarpenterProviderPolicy, ProviderPolicy
+from tests.harness import run_activity as run
 from workers.devstack import fleet
 from workers.devstack.kube_emulator import KubeEmulatorThread
 from workers.devstack.standins import ProviderStandIn
@@ -24,9 +24,6 @@ def request(action: str = "replace", dry_run: bool = False, key: str = "xid-reco
     return ProviderRequest(cluster="c", node=node, action=action, reason="XID 79 on GPU 3",  # type: ignore[arg-type]
                            idempotency_key=key, dry_run=dry_run)
 
-
-def run(fn, *args):  # type: ignore[no-untyped-def]
-    return ActivityEnvironment().run(fn, *args)
 
 
 def test_http_provider_asks_once_per_idempotency_key(provider_http: ProviderStandIn) -> None:

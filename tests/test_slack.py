@@ -3,15 +3,10 @@ and a failed notification never fails the runbook."""
 
 from __future__ import annotations
 
-from temporalio.testing import ActivityEnvironment
-
 from activities.slack import SlackActivities
 from fleetmedic.models import NotifyStart, NotifyStep
+from tests.harness import run_activity as run
 from workers.devstack.standins import SlackStandIn
-
-
-def run(fn, *args):  # type: ignore[no-untyped-def]
-    return ActivityEnvironment().run(fn, *args)
 
 
 def test_thread_per_run(slack: SlackStandIn) -> None:

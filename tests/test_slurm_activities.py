@@ -7,20 +7,17 @@ from collections.abc import Iterator
 
 import pytest
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
 
 from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
 from fleetmedic.models import RequeueJob, SetSlurmNodeState, SlurmNodeState
 from tests.conftest import require
 from tests.harness import job_on
+from tests.harness import run_activity as run
 from workers.devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
 
 SLEEPER = "#!/bin/bash\nwhile true; do sleep 0.2; done\n"
 REASON = "fleetmedic: XID 79 on GPU 3 (xid-recovery/test/gpu-node-0)"
 
-
-def run(fn, *args):  # type: ignore[no-untyped-def]
-    return ActivityEnvironment().run(fn, *args)
 
 
 @pytest.fixture
@@ -28,22 +25,16 @@ def slurm_acts(slurm: LocalSlurmCluster) -> SlurmActivities:
     return SlurmActivities(SlurmCli(str(slurm.conf), timeout_s=10))
 
 
-def state(slurm: LocalSlurmCluster, node: str) -> tuple[str, str]:
-    out = slurm.run("sinfo", "-h", "-n", node, "-o", "%t|%E").stdout.strip()
-    status, _, reason = out.partition("|")
-    return status, reason
-
-
 def test_down_with_reason_is_idempotent_and_resume_clears_it(slurm: LocalSlurmCluster,
                                                              slurm_acts: SlurmActivities) -> None:
     down = SetSlurmNodeState(node="gpu-node-0", state=SlurmNodeState.DOWN, reason=REASON)
     assert run(slurm_acts.set_node_state, down).changed
-    assert state(slurm, "gpu-node-0") == ("down", REASON)
+    assert slurm.node_state("gpu-node-0") == ("down", REASON)
     assert not run(slurm_acts.set_node_state, down).changed  # already so
     node = run(slurm_acts.get_node, "gpu-node-0")
     assert node.out_of_service and node.reason == REASON
     assert run(slurm_acts.set_node_state, SetSlurmNodeState(node="gpu-node-0", state=SlurmNodeState.RESUME)).changed
-    assert state(slurm, "gpu-node-0")[0].rstrip("*") == "idle"  # "*": not pinged since it was DOWN
+    assert slurm.node_state("gpu-node-0")[0].rstrip("*") == "idle"  # "*": not pinged since it was DOWN
     assert not run(slurm_acts.set_node_state,
                    SetSlurmNodeState(node="gpu-node-0", state=SlurmNodeState.RESUME)).changed
 
@@ -51,7 +42,7 @@ def test_down_with_reason_is_idempotent_and_resume_clears_it(slurm: LocalSlurmCl
 def test_drain(slurm: LocalSlurmCluster, slurm_acts: SlurmActivities) -> None:
     drain = SetSlurmNodeState(node="gpu-node-1", state=SlurmNodeState.DRAIN, reason="fleetmedic: hot GPU 2")
     assert run(slurm_acts.set_node_state, drain).changed
-    assert state(slurm, "gpu-node-1")[0] in ("drain", "drng")
+    assert slurm.node_state("gpu-node-1")[0] in ("drain", "drng")
 
 
 def test_reasons_fleetmedic_does_not_own_are_left_alone(slurm: LocalSlurmCluster,
@@ -63,7 +54,7 @@ def test_reasons_fleetmedic_does_not_own_are_left_alone(slurm: LocalSlurmCluster
     with pytest.raises(ApplicationError) as resume:
         run(slurm_acts.set_node_state, SetSlurmNodeState(node="gpu-node-2", state=SlurmNodeState.RESUME))
     assert resume.value.type == "NotOwned"
-    assert state(slurm, "gpu-node-2")[1] == "slurm-operator: pod deleted"
+    assert slurm.node_state("gpu-node-2")[1] == "slurm-operator: pod deleted"
 
 
 def test_a_reason_must_be_ours(slurm_acts: SlurmActivities) -> None:
@@ -105,7 +96,7 @@ def test_dry_run_changes_nothing(slurm: LocalSlurmCluster, slurm_acts: SlurmActi
                                                               reason=REASON, dry_run=True))
     assert result.dry_run and result.summary.startswith("would set DOWN")
     assert run(slurm_acts.requeue_job, RequeueJob(job_id=job, dry_run=True)).dry_run
-    assert state(slurm, "gpu-node-0")[0] != "down"
+    assert slurm.node_state("gpu-node-0")[0] != "down"
     assert run(slurm_acts.get_job, job).restart_count == 0
 
 
@@ -126,7 +117,7 @@ def test_controller_down_is_retryable_and_back_works(slurm: LocalSlurmCluster, s
             break
         except ApplicationError:
             time.sleep(0.5)
-    assert state(slurm, "gpu-node-0")[0] == "down"
+    assert slurm.node_state("gpu-node-0")[0] == "down"
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
 
 from activities.storage import StorageActivities
 from fleetmedic.models import CheckpointQuery
 from fleetmedic.policy import StoragePolicy
+from tests.harness import run_activity
 
 
 def test_newest_checkpoint_by_modification_time(tmp_path: Path) -> None:
@@ -26,21 +26,21 @@ def test_newest_checkpoint_by_modification_time(tmp_path: Path) -> None:
         os.utime(path, (now - age, now - age))
     (tmp_path / "43").mkdir()
     (tmp_path / "43" / "ckpt-999.pt").touch()
-    found = ActivityEnvironment().run(storage.newest_checkpoint, CheckpointQuery(job_id=42))
+    found = run_activity(storage.newest_checkpoint, CheckpointQuery(job_id=42))
     assert found is not None and found.step == 150 and found.path.endswith("ckpt-150.pt")
     assert abs(found.modified.timestamp() - (now - 5)) < 1
 
 
 def test_no_checkpoint_yet(tmp_path: Path) -> None:
     storage = StorageActivities(StoragePolicy(root=str(tmp_path)))
-    assert ActivityEnvironment().run(storage.newest_checkpoint, CheckpointQuery(job_id=7)) is None
+    assert run_activity(storage.newest_checkpoint, CheckpointQuery(job_id=7)) is None
 
 
 def test_job_name_in_the_layout_and_names_without_a_step(tmp_path: Path) -> None:
     storage = StorageActivities(StoragePolicy(root=str(tmp_path), layout="{job_name}/latest*"))
     (tmp_path / "llm").mkdir()
     (tmp_path / "llm" / "latest").touch()
-    found = ActivityEnvironment().run(storage.newest_checkpoint, CheckpointQuery(job_id=1, job_name="llm"))
+    found = run_activity(storage.newest_checkpoint, CheckpointQuery(job_id=1, job_name="llm"))
     assert found is not None and found.step is None
 
 
@@ -54,5 +54,5 @@ def test_storage_errors_are_retryable(tmp_path: Path, monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(os, "stat", stale)
     with pytest.raises(ApplicationError) as err:
-        ActivityEnvironment().run(storage.newest_checkpoint, CheckpointQuery(job_id=5))
+        run_activity(storage.newest_checkpoint, CheckpointQuery(job_id=5))
     assert err.value.type == "Unavailable" and not err.value.non_retryable

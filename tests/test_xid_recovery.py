@@ -88,8 +88,7 @@ class Stack:
         return report, handle
 
     def slurm_state(self, node: str) -> tuple[str, str]:
-        out = self.slurm.run("sinfo", "-h", "-n", node, "-o", "%t|%E").stdout.strip()
-        state, _, reason = out.partition("|")
+        state, reason = self.slurm.node_state(node)
         return state.rstrip("*"), reason
 
     def node(self, name: str) -> dict[str, Any]:

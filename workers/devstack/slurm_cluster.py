@@ -234,6 +234,12 @@ class LocalSlurmCluster:
 
     # -- test helpers --
 
+    def node_state(self, node: str, timeout: float = 15) -> tuple[str, str]:
+        """Slurm's short state of `node` (e.g. `down`, `idle*` when not pinged since) and its reason."""
+        out = self.run("sinfo", "-h", "-n", node, "-o", "%t|%E", timeout=timeout).stdout.strip()
+        state, _, reason = out.partition("|")
+        return state, reason
+
     def submit(self, script: str, *args: str) -> int:
         path = self.dir / f"job-{secrets.token_hex(4)}.sh"
         path.write_text(script)
