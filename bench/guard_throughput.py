@@ -28,6 +28,7 @@ from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.stats import percentile
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from fleetmedic.models import LeaseAnswer, LeaseRequest
 from fleetmedic.policy import parse_policy
@@ -76,11 +77,6 @@ async def probes(env: WorkflowEnvironment, count: int, concurrent: int, cluster:
     return list(waits), time.monotonic() - began
 
 
-def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-
-
 async def main(count: int, concurrent: int) -> dict[str, object]:
     workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-guard-bench-"))
     env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(),
@@ -103,9 +99,9 @@ async def main(count: int, concurrent: int) -> dict[str, object]:
     return {
         "benchmark": "guard_throughput",
         "uncontended_wait_p50_s": round(statistics.median(sequential), 4),
-        "uncontended_wait_p99_s": round(p99(sequential), 4),
+        "uncontended_wait_p99_s": round(percentile(sequential, 99), 4),
         "round_trips_per_s": round(count / wall, 1), "concurrent_probes": concurrent, "probes": count,
-        "concurrent_wait_p99_s": round(p99(concurrent_waits), 4),
+        "concurrent_wait_p99_s": round(percentile(concurrent_waits, 99), 4),
     }
 
 

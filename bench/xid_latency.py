@@ -31,10 +31,12 @@ from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.stats import percentile
 from fleetmedic.ids import SEARCH_ATTRIBUTES, node_workflow_id
 from fleetmedic.models import NodeRunbookInput, RunbookStatus
 from fleetmedic.policy import parse_policy
 from fleetmedic.settings import Settings
+from workers.audit import event_time
 from workers.dev import temporal_binary
 from workers.devstack import fleet
 from workers.devstack.controllers import provider_controller
@@ -50,7 +52,7 @@ async def out_of_service_latency(client: Client, workflow_id: str) -> float:
     scheduled: dict[int, str] = {}
     done: dict[str, float] = {}
     for event in history.events:
-        at = event.event_time.ToDatetime().timestamp() + event.event_time.nanos % 1000 / 1e9
+        at = event_time(event).timestamp()
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
             started = at
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
@@ -61,11 +63,6 @@ async def out_of_service_latency(client: Client, workflow_id: str) -> float:
                 done[name] = at
     assert started is not None and len(done) == 2, f"{workflow_id}: {done}"
     return max(done.values()) - started
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 async def measure(runs: int, nodes: int) -> dict[str, object]:

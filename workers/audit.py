@@ -31,7 +31,8 @@ def _summary(client: Client, event: HistoryEvent) -> str:
     return ""
 
 
-def _when(event: HistoryEvent) -> datetime:
+def event_time(event: HistoryEvent) -> datetime:
+    """When the server recorded the event (naive UTC, microseconds)."""
     return event.event_time.ToDatetime().replace(microsecond=event.event_time.nanos // 1000)
 
 
@@ -42,7 +43,7 @@ def timeline(client: Client, history: WorkflowHistory) -> dict[str, Any]:
     report: Any = None
     started_input: Any = None
     for event in history.events:
-        at = _when(event)
+        at = event_time(event)
         kind = event.event_type
         if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
             attrs = event.workflow_execution_started_event_attributes

@@ -16,6 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -128,7 +129,7 @@ class AlertReceiver:
 
     async def healthz(self, request: Request) -> Response:
         try:
-            await self.client.service_client.check_health(timeout=_seconds(3))
+            await self.client.service_client.check_health(timeout=timedelta(seconds=3))
         except Exception as exc:
             return JSONResponse({"ok": False, "temporal": str(exc)}, status_code=503)
         return JSONResponse({"ok": True, "temporal": "serving"})
@@ -192,12 +193,6 @@ def _started(handle: WorkflowHandle[Any, Any]) -> bool:
     # Signal-with-start tells whether it created the run; the SDK keeps the response on the handle.
     response = getattr(handle, "_start_workflow_response", None)
     return bool(getattr(response, "started", False))
-
-
-def _seconds(value: float) -> Any:
-    from datetime import timedelta
-
-    return timedelta(seconds=value)
 
 
 def available_runbooks() -> frozenset[str]:
