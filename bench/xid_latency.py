@@ -80,6 +80,10 @@ async def measure(runs: int, nodes: int) -> dict[str, object]:
             policy = parse_policy(yaml.safe_dump({
                 "provider": {"kind": "http", "http": {"url": provider.url}},
                 "storage": {"root": str(workdir)},
+                # A budget that admits every concurrent run: this measures latency, not the queue the
+                # fleet guard would (rightly) form under the default budget on a 10-node fleet.
+                "budget": {"max_concurrent": nodes, "max_unavailable_fraction": 1.0, "max_per_hour": 10000,
+                           "topology_label": None},
             }))
             settings = Settings(kubeconfig=str(kubeconfig), slurm="on", slurm_conf=str(slurm.conf), metrics_port=0,
                                 task_queue="bench")
