@@ -15,7 +15,15 @@ from temporalio import activity
 
 from activities.errors import fail, from_http_status
 from fleetmedic.errors import ErrorKind
-from fleetmedic.models import ActionResult, GpuResetRequest, Validate, Validation, ValidationCheck
+from fleetmedic.models import (
+    ActionResult,
+    GpuReading,
+    GpuReadings,
+    GpuResetRequest,
+    Validate,
+    Validation,
+    ValidationCheck,
+)
 
 
 class AgentActivities:
@@ -48,6 +56,20 @@ class AgentActivities:
                   for c in data.get("checks", [])]
         return Validation(available=True, passed=bool(data.get("passed")), checks=checks)
 
+    @activity.defn(name="agent.gpus")
+    def gpus(self, node: str) -> GpuReadings:
+        """A fresh reading of every GPU of the node (temperature, thermal margin)."""
+        url = self._url(node)
+        if url is None:
+            return GpuReadings(available=False, detail="no node agent configured (FLEETMEDIC_AGENT_URL)")
+        try:
+            response = httpx.get(f"{url}/v1/gpus", timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            return GpuReadings(available=False, detail=f"node agent unreachable: {exc}")
+        if response.status_code >= 400:
+            raise from_http_status(response.status_code, f"agent gpus: {response.text[:200]}")
+        return GpuReadings(available=True, gpus=[GpuReading.model_validate(g) for g in response.json()["gpus"]])
+
     @activity.defn(name="agent.available")
     def available(self, node: str) -> bool:
         url = self._url(node)
@@ -79,4 +101,4 @@ class AgentActivities:
                             detail=str(response.json().get("detail", "")))
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.validate, self.available, self.reset_gpu]
+        return [self.validate, self.gpus, self.available, self.reset_gpu]

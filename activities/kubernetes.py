@@ -333,17 +333,28 @@ class KubernetesActivities:
 
     def _taint_action(self, request: TaintRequest, add: bool) -> ActionResult:
         taint = request.taint
+        workflow_key = self.policy.labels.workflow_annotation
+        reason_key = self.policy.labels.reason_annotation
 
         def change(node: client.V1Node) -> dict[str, Any] | None:
+            patch: dict[str, Any] = {}
+            if request.workflow_id:
+                owner = self._holder(node, NodeTarget(node=request.node, workflow_id=request.workflow_id))
+                if add and not owner:
+                    patch["metadata"] = {"annotations": {workflow_key: request.workflow_id,
+                                                         reason_key: request.reason}}
+                elif not add and owner and not node.spec.unschedulable:
+                    # Ours, and no cordon of ours left on it: the hold ends with the taint.
+                    patch["metadata"] = {"annotations": {workflow_key: None, reason_key: None}}
             current = [t.to_dict() for t in (node.spec.taints or [])] if node.spec else []
             others = [t for t in current if not (t["key"] == taint.key and t["effect"] == taint.effect)]
             wanted = others + ([{"key": taint.key, "value": taint.value or None, "effect": taint.effect}]
                                if add else [])
             wanted = [{k: v for k, v in t.items() if v is not None and k != "timeAdded"} for t in wanted]
             trimmed = [{k: v for k, v in t.items() if v is not None and k != "timeAdded"} for t in current]
-            if wanted == trimmed:
-                return None
-            return {"spec": {"taints": wanted}}  # a merge patch replaces the list as a whole
+            if wanted != trimmed:
+                patch["spec"] = {"taints": wanted}  # a merge patch replaces the list as a whole
+            return patch or None
 
         verb = "add taint" if add else "remove taint"
         target = f"{taint} on node {request.node}"

@@ -141,6 +141,10 @@ class TaintRequest(_Model):
     node: str
     taint: Taint
     dry_run: bool = False
+    # Set: the taint holds the node for this run, like a cordon (the workflow and reason
+    # annotations are written with it and cleared with it; another run's node is refused).
+    workflow_id: str = ""
+    reason: str = ""
 
 
 class EventRequest(_Model):
@@ -281,6 +285,21 @@ class Validation(_Model):
     available: bool  # False: no agent configured or reachable; the runbook records it skipped
     passed: bool = False
     checks: list[ValidationCheck] = Field(default_factory=list)
+    detail: str = ""
+
+
+class GpuReading(_Model):
+    """One GPU as the node agent reads it now (`GET /v1/gpus`)."""
+
+    gpu: int | None  # None: the alert did not say which GPU
+    temperature_c: float | None = None
+    # Degrees left before the driver slows the GPU down (NVML thermal margin), where it says.
+    thermal_margin_c: float | None = None
+
+
+class GpuReadings(_Model):
+    available: bool  # False: no agent configured or reachable
+    gpus: list[GpuReading] = Field(default_factory=list)
     detail: str = ""
 
 

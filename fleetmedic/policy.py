@@ -101,12 +101,41 @@ class ThermalPolicy(_Strict):
     pull_mode: Literal["immediate", "at-checkpoint"] = "immediate"
     at_checkpoint_deadline: Duration = Field(default_factory=lambda: _td(minutes=30))
 
+    def too_hot(self, temperature_c: float | None, margin_c: float | None) -> str | None:
+        """Why this reading is too hot under the policy, or None when it is not (or says nothing)."""
+        if self.mode == "margin":
+            if margin_c is not None and margin_c < self.margin_c:
+                return f"{margin_c:g} °C from slowdown, under the {self.margin_c:g} °C margin"
+            return None
+        if temperature_c is not None and temperature_c > self.threshold_c:
+            return f"{temperature_c:g} °C, above {self.threshold_c:g} °C"
+        return None
+
 
 class NvlinkPolicy(_Strict):
     error_rate_per_min: float = Field(10.0, gt=0)
     keep_serving_inference: bool = True
+    # On a node kept for inference: the taint inference workloads tolerate and training ones do not.
     degraded_taint: str = "fleetmedic.io/degraded=nvlink:NoSchedule"
+    # The pods that are inference (they stay on a degraded node); every other pod is evicted.
     inference_selector: str = "fleetmedic.io/workload=inference"
+
+    @field_validator("degraded_taint")
+    @classmethod
+    def _taint(cls, value: str) -> str:
+        body, sep, effect = value.rpartition(":")
+        if not sep or not body or effect not in ("NoSchedule", "PreferNoSchedule"):
+            # NoExecute would evict the inference pods the taint is meant to keep.
+            raise ValueError(f"'{value}' must be written key=value:NoSchedule (or PreferNoSchedule)")
+        return value
+
+    @field_validator("inference_selector")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        key, sep, val = value.partition("=")
+        if not sep or not key or not val or "," in value:
+            raise ValueError(f"'{value}' must be one key=value")
+        return value
 
 
 class GracePolicy(_Strict):
@@ -205,7 +234,8 @@ class RetryPolicyConfig(_Strict):
 
 
 class Route(_Strict):
-    """Alerts named `alertname` (and matching `match` labels) start or reach `runbook`."""
+    """Alerts named `alertname` (and matching `match`, read from the labels, else the annotations)
+    start or reach `runbook`."""
 
     alertname: str = Field(min_length=1)
     match: dict[str, str] = Field(default_factory=dict)
@@ -213,11 +243,14 @@ class Route(_Strict):
 
 
 def _default_routes() -> list[Route]:
+    # XID 74 is an NVLink fault: its own runbook owns it (the first matching route wins).
+    nvlink_xid = Route.model_validate({"alertname": "FleetMedicGpuXid", "match": {"xid": "74"},
+                                       "runbook": "nvlink-fault-replace"})
     pairs = [("FleetMedicGpuXid", "xid-recovery"), ("FleetMedicGpuHot", "hot-gpu-pull"),
              ("FleetMedicNvlinkErrors", "nvlink-fault-replace"), ("FleetMedicNvlinkDown", "nvlink-fault-replace"),
              ("FleetMedicTrainingStarted", "traffic-flip"), ("FleetMedicGpusExhausted", "traffic-flip"),
              ("FleetMedicTrainingFinished", "migrate-back"), ("FleetMedicGpusFree", "migrate-back")]
-    return [Route.model_validate({"alertname": name, "runbook": runbook}) for name, runbook in pairs]
+    return [nvlink_xid] + [Route.model_validate({"alertname": name, "runbook": runbook}) for name, runbook in pairs]
 
 
 class RoutingPolicy(_Strict):

@@ -43,7 +43,7 @@ def route(alert: Alert, policy: RoutingPolicy, available: frozenset[str]) -> Rou
     """Which runbook owns this alert, and for which node. `available`: runbooks the worker runs."""
     name = alert.labels.get("alertname", "")
     chosen = next((r for r in policy.routes if r.alertname == name
-                   and all(alert.labels.get(k) == v for k, v in r.match.items())), None)
+                   and all(alert.labels.get(k, alert.annotations.get(k)) == v for k, v in r.match.items())), None)
     if chosen is None:
         return Ignored(None, f"no route for alertname {name!r}")
     runbook = chosen.runbook
@@ -66,8 +66,13 @@ def route(alert: Alert, policy: RoutingPolicy, available: frozenset[str]) -> Rou
     if runbook == "xid-recovery" and xid is None:
         return Ignored(runbook, f"no XID label ({', '.join(policy.xid_labels)}) on the alert")
     try:
-        runbook_input = NodeRunbookInput(cluster=cluster, node=node, gpu=gpu, xid=xid, alert=alert,
-                                         requested_by="alertmanager")
+        # The shipped hot-GPU rules put the reading in an annotation (hot-gpu-pull reports it).
+        temperature = float(alert.annotations["temperature_c"]) if "temperature_c" in alert.annotations else None
+    except ValueError:
+        temperature = None
+    try:
+        runbook_input = NodeRunbookInput(cluster=cluster, node=node, gpu=gpu, xid=xid, temperature_c=temperature,
+                                         alert=alert, requested_by="alertmanager")
     except ValidationError as exc:
         error = exc.errors()[0]
         return Ignored(runbook, f"{'.'.join(map(str, error['loc']))}: {error['msg']}")

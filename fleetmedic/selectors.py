@@ -68,3 +68,11 @@ def match_labels_selector(selector: dict[str, Any] | None, labels: dict[str, str
         if op == "DoesNotExist" and key in labels:
             return False
     return True
+
+
+def negate_equality(selector: str) -> str:
+    """`key=value` → `key!=value`: the pods an equality selector does not pick."""
+    key, sep, value = selector.partition("=")
+    if not sep or not key or not value or "," in selector or "!" in key:
+        raise ValueError(f"'{selector}' is not a single key=value selector")
+    return f"{key.strip()}!={value.strip()}"

@@ -23,6 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from fleetmedic.ids import SEARCH_ATTRIBUTES
+from tests.runbook_stack import Stack
 from workers.devstack import fleet
 from workers.devstack.kube_emulator import KubeEmulator, KubeEmulatorThread, seed
 from workers.devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
@@ -109,3 +110,13 @@ def slack() -> Iterator[SlackStandIn]:
 def provider_http() -> Iterator[ProviderStandIn]:
     with ProviderStandIn(token="provider-secret") as server:
         yield server  # type: ignore[misc]
+
+
+@pytest.fixture
+async def stack(client: Client, task_queue: str, kube: KubeEmulatorThread, slurm: LocalSlurmCluster,
+                slack: SlackStandIn, provider_http: ProviderStandIn, tmp_path: Path) -> AsyncIterator[Stack]:
+    """A node runbook's world: three Slurm nodes mirrored as GPU nodes, each with a training pod,
+    an inference pod (behind a PDB) and a DaemonSet pod."""
+    s = Stack(client, task_queue, kube, slurm, slack, provider_http, tmp_path)
+    s.seed()
+    yield s

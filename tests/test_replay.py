@@ -2,7 +2,7 @@
 
 A change to a runbook that would break a run in flight fails here; such a change must go behind
 `workflow.patched(...)`. Regenerate the files (only for a deliberate, versioned change) with
-`FLEETMEDIC_SAVE_HISTORIES=tests/histories pytest tests/test_xid_recovery.py` and rename them.
+`FLEETMEDIC_SAVE_HISTORIES=tests/histories pytest tests/test_<runbook>.py` and rename them.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ async def test_saved_history_replays(path: Path) -> None:
 
 
 def test_there_are_histories_to_replay() -> None:
-    assert {p.stem for p in HISTORIES} >= {"xid-recovery-remediated", "xid-recovery-aborted", "xid-recovery-shadow"}
+    assert {p.stem for p in HISTORIES} >= {"xid-recovery-remediated", "xid-recovery-aborted", "xid-recovery-shadow",
+                                           "hot-gpu-pull-remediated", "hot-gpu-pull-recovered",
+                                           "nvlink-fault-replace-kept-for-inference"}
 
 
 @workflow.defn(name="xid-recovery", sandboxed=False)

@@ -80,12 +80,32 @@ async def test_twenty_concurrent_copies_make_one_workflow(webhook: Any, client: 
     await client.get_workflow_handle(ids[0]).terminate("test over")
 
 
+def test_each_gpu_alert_routes_to_its_runbook() -> None:
+    from fleetmedic.models import Alert
+    from fleetmedic.routing import Routed, route
+    from workers.webhook import available_runbooks
+
+    def routed(labels: dict[str, str], annotations: dict[str, str] | None = None) -> tuple[str, str]:
+        decision = route(Alert(status="firing", labels={"node": "gpu-1", **labels}, annotations=annotations or {}),
+                         RoutingPolicy(), available_runbooks())
+        assert isinstance(decision, Routed), decision
+        return decision.runbook, decision.workflow_id
+
+    assert routed({"alertname": "FleetMedicGpuXid", "xid": "79"}) == ("xid-recovery", "xid-recovery/default/gpu-1")
+    assert routed({"alertname": "FleetMedicGpuXid", "xid": "74"})[0] == "nvlink-fault-replace"
+    # dcgm-exporter's XID alert carries the XID in an annotation: XID 74 still reaches NVLink.
+    assert routed({"alertname": "FleetMedicGpuXid"}, {"xid": "74"})[0] == "nvlink-fault-replace"
+    assert routed({"alertname": "FleetMedicGpuHot", "gpu": "2"}) == ("hot-gpu-pull", "hot-gpu-pull/default/gpu-1")
+    assert routed({"alertname": "FleetMedicNvlinkErrors"})[0] == "nvlink-fault-replace"
+    assert routed({"alertname": "FleetMedicNvlinkDown"})[0] == "nvlink-fault-replace"
+
+
 async def test_unroutable_alerts_are_answered_ignored_with_a_reason(webhook: Any, client: Client,
                                                                      task_queue: str) -> None:
     _, http = webhook
     no_node = xid_alert("x", task_queue)
     del no_node["labels"]["node"]
-    not_built = {**xid_alert("gpu-1", task_queue), "labels": {"alertname": "FleetMedicGpuHot", "node": "gpu-1",
+    not_built = {**xid_alert("gpu-1", task_queue), "labels": {"alertname": "FleetMedicTrainingStarted",
                                                                "cluster": task_queue}}
     unknown = {**xid_alert("gpu-1", task_queue), "labels": {"alertname": "DiskFull", "node": "gpu-1"}}
     resolved_alone = xid_alert("gpu-2", task_queue, status="resolved")
@@ -95,7 +115,7 @@ async def test_unroutable_alerts_are_answered_ignored_with_a_reason(webhook: Any
     reasons = [(a["action"], a["reason"]) for a in answer.json()["alerts"]]
     assert [a for a, _ in reasons] == ["ignored"] * 5
     assert "no node label" in reasons[0][1]
-    assert "hot-gpu-pull is not available" in reasons[1][1]
+    assert "traffic-flip is not available" in reasons[1][1]
     assert "no route for alertname 'DiskFull'" in reasons[2][1]
     assert "no runbook is running" in reasons[3][1]
     assert reasons[4][1].startswith("gpu:")

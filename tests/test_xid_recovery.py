@@ -3,137 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import time
-from collections.abc import AsyncIterator
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import WorkflowIDConflictPolicy
 
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import Alert, EscalationAnswer, NodeRunbookInput, RunbookStatus
-from fleetmedic.policy import Policy
 from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy, settings_for, worker_for
+from tests.runbook_stack import Stack, status_when
 from workers.audit import render_markdown, timeline
 from workers.devstack import fleet
-from workers.devstack.controllers import provider_controller
 from workers.devstack.kube_emulator import KubeEmulatorThread
-from workers.devstack.slurm_cluster import LocalSlurmCluster
-from workers.devstack.standins import AgentStandIn, ProviderStandIn, SlackStandIn
-
-
-@dataclass
-class Stack:
-    client: Client
-    task_queue: str
-    kube: KubeEmulatorThread
-    slurm: LocalSlurmCluster
-    slack: SlackStandIn
-    provider: ProviderStandIn
-    tmp_path: Path
-
-    @property
-    def cluster(self) -> str:
-        return self.task_queue  # one cluster per test: workflow IDs never collide across tests
-
-    def policy(self, **overrides: Any) -> Policy:
-        return quick_policy(self.tmp_path, provider={"kind": "http", "http": {"url": self.provider.url}},
-                            **overrides)
-
-    def seed(self) -> None:
-        for name in self.slurm.nodes:
-            self.kube.emulator.put(fleet.node(name))
-            self.kube.emulator.put(fleet.pod(f"trainer-{name}", name, namespace="training", owner_kind="Job",
-                                             labels={"app": "trainer"}, gpus=8))
-            self.kube.emulator.put(fleet.pod(f"serve-{name}", name, namespace="inference", labels={"app": "serve"}))
-            self.kube.emulator.put(fleet.pod(f"dcgm-{name}", name, namespace="gpu-operator", owner_kind="DaemonSet"))
-        # Another replica elsewhere keeps the PDB satisfiable: one eviction at a time is allowed.
-        self.kube.emulator.put(fleet.pod("serve-elsewhere", "cpu-node", namespace="inference",
-                                         labels={"app": "serve"}))
-        self.kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
-                                         min_available=1))
-
-    async def run(self, node: str, xid: int = 79, gpu: int = 3, *, policy: Policy | None = None,
-                  controller: bool = True, replace_s: float = 1.0, dry_run: bool = False, timeout: float = 120,
-                  during: Any = None, agent: AgentStandIn | None = None,
-                  ) -> tuple[RunbookStatus, WorkflowHandle[Any, RunbookStatus]]:
-        extra = {"agent_url": agent.url_template, "agent_token": agent.token} if agent else {}
-        settings = settings_for(self.task_queue, self.kube, slurm=self.slurm, slack=self.slack, provider=self.provider,
-                                **extra)
-        replacing: AbstractContextManager[Any] = (provider_controller(self.kube, self.provider, replace_s) if controller
-                                                  else nullcontext())
-        with replacing:
-            async with worker_for(self.client, settings, policy or self.policy()):
-                handle = await self.client.start_workflow(
-                    "xid-recovery", NodeRunbookInput(cluster=self.cluster, node=node, gpu=gpu, xid=xid,
-                                                     dry_run=dry_run),
-                    id=node_workflow_id("xid-recovery", self.cluster, node), task_queue=self.task_queue,
-                    result_type=RunbookStatus)
-                try:
-                    if during is not None:
-                        await during(handle)
-                    report = await asyncio.wait_for(handle.result(), timeout)
-                    await save_history(handle)
-                except BaseException:
-                    status = await handle.query("status", result_type=RunbookStatus)
-                    print(f"run left at {status.step}, waiting for {status.waiting_for}: {status.decisions}")
-                    await handle.terminate("test failed")  # never leave a run behind for the next test
-                    raise
-        return report, handle
-
-    def slurm_state(self, node: str) -> tuple[str, str]:
-        state, reason = self.slurm.node_state(node)
-        return state.rstrip("*"), reason
-
-    def node(self, name: str) -> dict[str, Any]:
-        obj = self.kube.emulator.get("v1", "Node", name)
-        assert obj is not None
-        return obj
-
-    def node_writes(self, name: str) -> list[Any]:
-        return [r for r in self.kube.emulator.mutations() if r.url.path == f"/api/v1/nodes/{name}"]
-
-
-async def save_history(handle: WorkflowHandle[Any, Any]) -> None:
-    """FLEETMEDIC_SAVE_HISTORIES=dir keeps each finished run's history for the replay tests."""
-    target = os.environ.get("FLEETMEDIC_SAVE_HISTORIES")
-    if target:
-        history = await handle.fetch_history()
-        name = os.environ.get("PYTEST_CURRENT_TEST", "run").split("::")[-1].split(" ")[0]
-        Path(target, f"{name}.json").write_text(history.to_json())
-
-
-@pytest.fixture
-async def stack(client: Client, task_queue: str, kube: KubeEmulatorThread, slurm: LocalSlurmCluster,
-                slack: SlackStandIn, provider_http: ProviderStandIn, tmp_path: Path) -> AsyncIterator[Stack]:
-    s = Stack(client, task_queue, kube, slurm, slack, provider_http, tmp_path)
-    s.seed()
-    yield s
-
-
-def wait_for(predicate: Any, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
-
-
-async def status_when(handle: WorkflowHandle[Any, Any], predicate: Any, timeout: float = 60) -> RunbookStatus:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = await handle.query("status", result_type=RunbookStatus)
-        if predicate(status):
-            return status
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"status never matched: {status}")
+from workers.devstack.standins import AgentStandIn
 
 
 async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None:
@@ -175,31 +59,6 @@ async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None
     assert description.typed_search_attributes is not None
     audit = render_markdown(timeline(stack.client, await handle.fetch_history()))
     assert "Outcome: **remediated**" in audit and "provider.request (ok" in audit and "k8s.cordon_node" in audit
-
-
-async def test_opt_out_pod_stops_every_destructive_step(stack: Stack) -> None:
-    stack.kube.emulator.put(fleet.pod("precious", "gpu-node-1", labels={"fleetmedic.io/remediation": "disabled"}))
-    report, _ = await stack.run("gpu-node-1")
-    assert report.outcome == "opted-out"
-    assert any(d.step == "record outcome" and "pod default/precious has fleetmedic.io/remediation=disabled"
-               in d.result for d in report.decisions)
-    assert stack.node_writes("gpu-node-1") == []
-    assert stack.slurm_state("gpu-node-1")[0] == "idle"
-    assert stack.provider.requests == []
-
-
-async def test_dry_run_changes_nothing_and_the_audit_says_what_would_happen(stack: Stack) -> None:
-    report, handle = await stack.run("gpu-node-0", dry_run=True)
-    assert report.outcome == "remediated" and report.dry_run
-    assert [r for r in stack.kube.emulator.mutations()] == []
-    assert stack.provider.requests == []
-    assert stack.slurm_state("gpu-node-0") == ("idle", "none")
-    audit = render_markdown(timeline(stack.client, await handle.fetch_history()))
-    assert "shadow mode: nothing was changed" in audit
-    for line in ("would set DOWN Slurm node gpu-node-0", "would cordon node gpu-node-0", "would evict 2 pod(s)",
-                 "would ask http to replace node gpu-node-0", "would uncordon node gpu-node-0"):
-        assert line in audit, line
-    assert "shadow mode" in stack.slack.messages[0]["text"]
 
 
 async def test_node_that_never_comes_back_stays_quarantined_and_says_why(stack: Stack) -> None:
@@ -259,24 +118,6 @@ async def test_slurm_controller_down_for_a_while(stack: Stack) -> None:
     assert stack.slurm_state("gpu-node-1")[1] == "none"
 
 
-async def test_duplicate_alert_attaches_to_the_running_workflow(stack: Stack) -> None:
-    alert = Alert(status="firing", labels={"alertname": "GpuXid", "node": "gpu-node-0", "xid": "79", "gpu": "3"},
-                  fingerprint="abc", startsAt=datetime.now(UTC))
-
-    async def second_alert(handle: WorkflowHandle[Any, Any]) -> None:
-        again = await stack.client.start_workflow(
-            "xid-recovery", NodeRunbookInput(cluster=stack.cluster, node="gpu-node-0", gpu=3, xid=79, alert=alert),
-            id=handle.id, task_queue=stack.task_queue, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
-        assert again.result_run_id == handle.result_run_id
-        await handle.signal("alert", alert)
-
-    report, handle = await stack.run("gpu-node-0", during=second_alert)
-    assert report.outcome == "remediated"
-    runs = [w async for w in stack.client.list_workflows(f'WorkflowId = "{handle.id}"')]
-    assert len(runs) == 1
-    assert len(stack.provider.accepted()) == 1
-
-
 async def test_application_xid_only_notifies(stack: Stack) -> None:
     policy = stack.policy(xid={"application_burst": {"count": 3, "window": "3s"}})
     report, _ = await stack.run("gpu-node-0", xid=13, policy=policy)
@@ -318,18 +159,6 @@ async def test_reset_class_xid_without_an_agent_falls_back_to_reboot(stack: Stac
     assert report.outcome == "remediated"
     assert [(r["node"], r["action"]) for r in stack.provider.accepted()] == [("gpu-node-1", "reboot")]
     assert any("falling back to reboot" in d.result for d in report.decisions)
-
-
-async def test_pause_holds_the_next_destructive_step(stack: Stack) -> None:
-    async def pause_then_resume(handle: WorkflowHandle[Any, Any]) -> None:
-        await handle.signal("pause", {"by": "carol", "reason": "maintenance window"})
-        status = await status_when(handle, lambda s: s.waiting_for is not None and "resume" in s.waiting_for)
-        assert status.paused is not None and status.paused.by == "carol"
-        assert stack.provider.requests == []
-        await handle.signal("resume", {"by": "carol"})
-
-    report, _ = await stack.run("gpu-node-2", during=pause_then_resume)
-    assert report.outcome == "remediated"
 
 
 async def test_reset_class_xid_resets_the_gpu_through_the_agent_and_validates(stack: Stack) -> None:

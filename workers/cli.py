@@ -25,7 +25,7 @@ from fleetmedic.settings import Settings, SettingsError
 NOT_YET = {
     "agent": "the GPU node agent (issue #8)",
 }
-RUNNABLE = {"xid-recovery"}  # runbooks this build can start; the others' issues are open
+RUNNABLE = set(NODE_RUNBOOKS)  # runbooks this build can start; the others' issues are open
 
 
 def parser() -> argparse.ArgumentParser:
@@ -55,6 +55,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--node", required=True)
     run.add_argument("--gpu", type=int)
     run.add_argument("--xid", type=int)
+    run.add_argument("--temperature", type=float, help="hot-gpu-pull: the reading that started it (°C)")
     run.add_argument("--cluster", help="default: FLEETMEDIC_CLUSTER")
     run.add_argument("--dry-run", action="store_true", help="shadow mode: record what would be done")
     run.add_argument("--wait", action="store_true", help="wait for the outcome")
@@ -192,7 +193,7 @@ async def run_command(client: Client, args: argparse.Namespace, settings: Settin
         return 2
     cluster = args.cluster or settings.cluster
     runbook_input = NodeRunbookInput(cluster=cluster, node=args.node, gpu=args.gpu, xid=args.xid,
-                                     dry_run=args.dry_run, requested_by=args.by)
+                                     temperature_c=args.temperature, dry_run=args.dry_run, requested_by=args.by)
     workflow_id = node_workflow_id(args.runbook, cluster, args.node)
     handle = await client.start_workflow(
         args.runbook, runbook_input, result_type=RunbookStatus, id=workflow_id, task_queue=settings.task_queue,

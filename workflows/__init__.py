@@ -1,6 +1,8 @@
 """Runbooks as Temporal workflows: what happens, in order. Deterministic, no I/O."""
 
 from workflows.fleet_guard import FleetGuard
+from workflows.hot_gpu_pull import HotGpuPull
+from workflows.nvlink_fault_replace import NvlinkFaultReplace
 from workflows.xid_recovery import XidRecovery
 
-WORKFLOWS: list[type] = [XidRecovery, FleetGuard]
+WORKFLOWS: list[type] = [XidRecovery, HotGpuPull, NvlinkFaultReplace, FleetGuard]

@@ -10,16 +10,19 @@ xid-recovery, hot-gpu-pull and nvlink-fault-replace compose these; none copies t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows.runbook import Runbook, RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from fleetmedic import ids
     from fleetmedic.models import (
         ActionResult,
@@ -31,14 +34,18 @@ with workflow.unsafe.imports_passed_through():
         GpuResetRequest,
         LeaseRequest,
         NodeInfo,
+        NodeRunbookInput,
         NodeTarget,
         ProviderRequest,
         ProviderResult,
         RequeueJob,
+        RunbookStatus,
         RunContext,
         SetSlurmNodeState,
         SlurmJob,
         SlurmNodeState,
+        Taint,
+        TaintRequest,
         Validate,
         Validation,
         WaitNodeReady,
@@ -46,6 +53,8 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic.policy import Policy
 
 POLL = timedelta(seconds=2)
+# A fault confirmed before a lease that took longer than this to come is confirmed again.
+RECHECK_AFTER = timedelta(minutes=1)
 
 
 async def _nothing() -> None:
@@ -54,6 +63,14 @@ async def _nothing() -> None:
 
 class Rejected(RunbookAborted):
     """An operator rejected a step that needed approval."""
+
+
+class NothingToDo(Exception):
+    """The fault went away before anything was changed (a GPU cooled down): the run ends there."""
+
+    def __init__(self, outcome: str, reason: str) -> None:
+        super().__init__(reason)
+        self.outcome, self.reason = outcome, reason
 
 
 class OptedOut(Exception):
@@ -73,6 +90,52 @@ class NodeRunbook(Runbook):
     lease_held = False
 
     # --- start ----------------------------------------------------------------------------------
+
+    def _init_run(self, raw: dict[str, Any]) -> NodeRunbookInput:
+        """State from the start input. The input arrives as plain JSON (the UI's Start Workflow form,
+        the CLI, the webhook) and is validated here, so a bad one fails the run with the reason
+        instead of a stuck workflow task."""
+        self.invalid = input_error(raw)
+        input = NodeRunbookInput.model_validate(raw) if self.invalid is None else NodeRunbookInput(
+            cluster=str(raw.get("cluster") or "?"), node=str(raw.get("node") or "?"))
+        self._init_state(input.cluster, input.node, workflow.info().workflow_id, input.dry_run)
+        self.input = input
+        if input.alert is not None:
+            self.alerts.append(input.alert)
+        return input
+
+    async def run_to_outcome(self, body: Callable[[], Awaitable[Any]]) -> RunbookStatus:
+        """Run the runbook's body; every way out (done, opted out, rejected, aborted) records an
+        outcome and gives the lease back. Returns the run's report."""
+        if self.invalid is not None:
+            raise ApplicationError(f"invalid {self.runbook} input: {self.invalid}", type="InvalidInput",
+                                   non_retryable=True)
+        try:
+            await body()
+        except NothingToDo as nothing:
+            await self.release_lease()
+            await self.record_outcome(nothing.outcome, nothing.reason)
+        except OptedOut as opted:
+            await self.stop_for_opt_out(opted)
+        except Rejected as rejected:
+            if self.mutated:
+                await self.leave_quarantined(f"{self.step_name} rejected by {rejected.by}: {rejected.reason}")
+            await self.record_outcome("rejected", f"rejected by {rejected.by}: {rejected.reason}", warning=True)
+        except RunbookAborted as aborted:
+            if self.mutated:
+                await self.leave_quarantined(f"run aborted by {aborted.by}: {aborted.reason}")
+            await self.record_outcome("aborted", f"aborted by {aborted.by}: {aborted.reason}", warning=True)
+        await self.release_lease()  # every way out gives the lease back
+        return self.status()
+
+    async def stop_for_opt_out(self, opted: OptedOut) -> str:
+        assert self.policy is not None
+        text = f"opted out before {opted.step}: {'; '.join(opted.reasons)}"
+        if self.mutated:
+            # Something was already done: leave it as it is, say so, and ask a human.
+            await self.say(f":warning: {text}. Steps already taken are left in place.",
+                           mention=self.policy.escalation.slack_mention)
+        return await self.record_outcome("opted-out", text, warning=self.mutated)
 
     async def load(self, xid: int | None = None) -> Policy:
         self.enter("load policy")
@@ -96,6 +159,11 @@ class NodeRunbook(Runbook):
 
     def target(self, reason: str = "") -> NodeTarget:
         return NodeTarget(node=self.node, workflow_id=self.workflow_id, reason=reason, dry_run=self.dry_run)
+
+    def taint_request(self, taint: Taint, reason: str = "") -> TaintRequest:
+        # The taint holds the node for this run like a cordon does (the same annotations).
+        return TaintRequest(node=self.node, taint=taint, dry_run=self.dry_run, workflow_id=self.workflow_id,
+                            reason=reason)
 
     async def gate(self, step: str, kinds: tuple[str, ...] = ()) -> None:
         """The safety gate of a destructive step: pause, approval when policy asks, then the
@@ -178,14 +246,55 @@ class NodeRunbook(Runbook):
             self.decide("release disruption lease", "could not signal the guard; it reclaims the lease when this "
                                                     "run closes")
 
+    # --- the skeleton's two halves, shared by every node runbook -----------------------------------
+
+    async def take_out_and_drain(self, state: SlurmNodeState, reason: str, grace: timedelta, *,
+                                 taint: Taint | None = None, drain_selector: str | None = None,
+                                 recheck: Callable[[], Awaitable[Any]] | None = None) -> list[SlurmJob]:
+        """Lease → out of service (Slurm and Kubernetes together) → grace for checkpoints → requeue
+        → drain. `grace`: how long running jobs get to checkpoint (after SIGTERM for DOWN; for
+        DRAIN, until their next periodic checkpoint). `recheck`: confirms the fault again when the
+        lease took long to come (it raises when there is nothing left to do). Returns the jobs
+        that ran on the node."""
+        asked = workflow.now()
+        await self.take_lease()
+        if recheck is not None and workflow.now() - asked > RECHECK_AFTER:
+            await recheck()
+        signalled_at = workflow.now()
+        jobs = await self.take_out_of_service(state, reason, taint)
+        await self.grace_for_checkpoints(jobs, signalled_at, grace)
+        await self.ensure_requeued(jobs)
+        await self.drain(drain_selector)
+        return jobs
+
+    async def return_when_healthy(self, jobs: list[SlurmJob], requested_at: datetime, summary: str, *,
+                                  rejoined: bool = True, taint: Taint | None = None) -> str:
+        """Wait for Ready and validate → return to service → release the lease → confirm the jobs
+        resumed → record the outcome. A node that does not come back healthy stays quarantined."""
+        if not await self.wait_back_and_validate(requested_at, self.node_gpus or None, rejoined=rejoined):
+            await self.leave_quarantined(f"not back in service after {summary}: see {self.workflow_id}")
+            await self.release_lease()
+            return await self.record_outcome("quarantined", f"node {self.node} did not come back healthy; "
+                                                            "left out of service", warning=True)
+        await self.return_to_service(resume_slurm=True, taint=taint)
+        await self.release_lease()
+        stuck = await self.confirm_jobs_resumed(jobs)
+        summary += "; node back in service"
+        if jobs:
+            summary += f"; {len(jobs) - len(stuck)}/{len(jobs)} job(s) resumed"
+        return await self.record_outcome("remediated", summary, warning=bool(stuck))
+
     # --- Slurm ------------------------------------------------------------------------------------
 
-    async def take_out_of_service(self, state: SlurmNodeState, reason: str) -> list[SlurmJob]:
-        """Slurm DOWN/DRAIN (running jobs get SIGTERM) and the Kubernetes cordon, at the same moment.
+    async def take_out_of_service(self, state: SlurmNodeState, reason: str,
+                                  taint: Taint | None = None) -> list[SlurmJob]:
+        """Slurm DOWN/DRAIN (DOWN sends running jobs SIGTERM) and the Kubernetes cordon, at the same moment.
 
         The cordon only stops new pods from landing on a node that is going away, so it does not
         wait for the checkpoint grace (the drain does); doing both at once is what takes a bad
-        node out of service within a second of the alert. Returns the Slurm jobs that ran there.
+        node out of service within a second of the alert. With `taint`, the node is tainted
+        instead of cordoned: out for whatever does not tolerate it (training), still open to
+        what does (inference). Returns the Slurm jobs that ran there.
         """
         slurm = self.context.slurm_enabled
 
@@ -211,7 +320,8 @@ class NodeRunbook(Runbook):
             self.act("take out of service", "slurm.set_node_state",
                      SetSlurmNodeState(node=self.node, state=state, reason=reason, dry_run=self.dry_run))
             if slurm else _nothing(),
-            self.act("take out of service", "k8s.cordon_node", self.target(reason)))
+            self.act("take out of service", "k8s.cordon_node", self.target(reason)) if taint is None
+            else self.act("take out of service", "k8s.add_taint", self.taint_request(taint, reason)))
         if jobs:
             self.decide("take out of service", "jobs on the node: " + ", ".join(
                 f"{j.job_id} ({j.name}, restarts {j.restart_count})" for j in jobs))
@@ -371,12 +481,7 @@ class NodeRunbook(Runbook):
         """Out of service for good: drained, RMA requested, left quarantined and annotated."""
         assert self.policy is not None
         reason = f"fleetmedic: lemon node, {count} remediations in {self.policy.lemon.window} ({self.workflow_id})"
-        await self.take_lease()
-        signalled_at = workflow.now()
-        jobs = await self.take_out_of_service(state, reason)
-        await self.grace_for_checkpoints(jobs, signalled_at, self.policy.grace.checkpoint)
-        await self.ensure_requeued(jobs)
-        await self.drain()
+        await self.take_out_and_drain(state, reason, self.policy.grace.checkpoint)
         await self.ask_provider("rma", f"{why}; {count} remediations within {self.policy.lemon.window}")
         await self.leave_quarantined(f"lemon node: {count} remediations within {self.policy.lemon.window}; "
                                      "RMA requested")
@@ -427,10 +532,12 @@ class NodeRunbook(Runbook):
         self.decide("validate", "passed" if verdict.passed else f"failed: {', '.join(failed)}")
         return verdict.passed
 
-    async def return_to_service(self, resume_slurm: bool) -> None:
+    async def return_to_service(self, resume_slurm: bool, taint: Taint | None = None) -> None:
         """Recovery steps: never gated by a pause or a lease (a paused fleet must still heal)."""
         self.enter("return to service")
         self.back_at = workflow.now()
+        if taint is not None:
+            await self.act("return to service", "k8s.remove_taint", self.taint_request(taint))
         await self.act("return to service", "k8s.uncordon_node", self.target())
         if resume_slurm and self.context.slurm_enabled:
             await self.act("return to service", "slurm.set_node_state",
@@ -495,3 +602,18 @@ class NodeRunbook(Runbook):
             out_for = ((self.back_at or workflow.now()) - self.out_since).total_seconds()
             meter.create_histogram_float("fleetmedic_gpu_hours_lost", "GPU-hours out of service per run",
                                          "h").record(self.node_gpus * out_for / 3600)
+
+
+def input_error(raw: Any) -> str | None:
+    """Why `raw` is not a NodeRunbookInput, in one line (None when it is one)."""
+    if not isinstance(raw, dict):
+        return f"expected a JSON object, got {type(raw).__name__}"
+    try:
+        NodeRunbookInput.model_validate(raw)
+    except ValidationError as exc:
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
+    return None
+
+
+def gpu_name(gpu: int | None) -> str:
+    return "?" if gpu is None else str(gpu)

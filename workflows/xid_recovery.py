@@ -26,14 +26,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
 
-from workflows.node_steps import NodeRunbook, OptedOut, Rejected
+from workflows.node_steps import NodeRunbook, gpu_name
 from workflows.runbook import RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import ValidationError
-
     from fleetmedic.models import Alert, NodeRunbookInput, RunbookStatus, SlurmNodeState
     from fleetmedic.xid import XidAction, XidClassification, classify_xid
 
@@ -44,39 +41,14 @@ class XidRecovery(NodeRunbook):
 
     @workflow.init
     def __init__(self, raw: dict[str, Any]) -> None:
-        # The input arrives as plain JSON (the UI's Start Workflow form, the CLI, the webhook) and is
-        # validated here, so a bad one fails the run with the reason instead of a stuck workflow task.
-        self.invalid = input_error(raw)
-        input = NodeRunbookInput.model_validate(raw) if self.invalid is None else NodeRunbookInput(
-            cluster=str(raw.get("cluster") or "?"), node=str(raw.get("node") or "?"))
-        self._init_state(input.cluster, input.node, workflow.info().workflow_id, input.dry_run)
-        self.input = input
+        self._init_run(raw)
         # Every XID seen on this node during the run: (xid, gpu, when). Bursts and repeats count these.
         self.occurrences: list[tuple[int, int | None, datetime]] = []
-        if input.alert is not None:
-            self.alerts.append(input.alert)
 
     @workflow.run
     async def run(self, raw: dict[str, Any]) -> RunbookStatus:
         """Returns the run's report: outcome, every decision with its reason, every change made."""
-        if self.invalid is not None:
-            raise ApplicationError(f"invalid xid-recovery input: {self.invalid}", type="InvalidInput",
-                                   non_retryable=True)
-        input = self.input
-        try:
-            await self.recover(input)
-        except OptedOut as opted:
-            await self.stop_for_opt_out(opted)
-        except Rejected as rejected:
-            if self.mutated:
-                await self.leave_quarantined(f"{self.step_name} rejected by {rejected.by}: {rejected.reason}")
-            await self.record_outcome("rejected", f"rejected by {rejected.by}: {rejected.reason}", warning=True)
-        except RunbookAborted as aborted:
-            if self.mutated:
-                await self.leave_quarantined(f"run aborted by {aborted.by}: {aborted.reason}")
-            await self.record_outcome("aborted", f"aborted by {aborted.by}: {aborted.reason}", warning=True)
-        await self.release_lease()  # every way out gives the lease back
-        return self.status()
+        return await self.run_to_outcome(lambda: self.recover(self.input))
 
     async def recover(self, input: NodeRunbookInput) -> str:
         await self.load(input.xid)
@@ -85,7 +57,7 @@ class XidRecovery(NodeRunbook):
         verdict = self.classify(input.xid, input.gpu, input.alert.starts_at if input.alert else None)
 
         self.enter("notify")
-        self.open_thread(f"XID {input.xid} on GPU {_gpu(input.gpu)} of `{self.node}`: {verdict.reason}")
+        self.open_thread(f"XID {input.xid} on GPU {gpu_name(input.gpu)} of `{self.node}`: {verdict.reason}")
 
         if not verdict.destructive:
             verdict = await self.watch_without_action(verdict)
@@ -117,7 +89,7 @@ class XidRecovery(NodeRunbook):
             return verdict
         if verdict.action is XidAction.NVLINK:
             await self.record_outcome("notified", f"{verdict.reason}: the nvlink-fault-replace runbook owns "
-                                                  "NVLink faults; no action here")
+                                                  "NVLink faults (alerts route there); no action here")
             return verdict
         if verdict.action is XidAction.DIAGNOSE:
             return await self._escalate_burst(verdict)
@@ -133,7 +105,7 @@ class XidRecovery(NodeRunbook):
             seen = len(self.alerts)
             for alert in fresh:
                 xid, gpu = _label_int(alert, "xid"), _label_int(alert, "gpu")
-                self.decide("watch for repeats", f"alert attached: {alert.status} XID {xid} on GPU {_gpu(gpu)}")
+                self.decide("watch for repeats", f"alert attached: {alert.status} XID {xid} on GPU {gpu_name(gpu)}")
                 if alert.status != "firing" or xid is None:
                     continue
                 again = self.classify(xid, gpu, alert.starts_at)
@@ -157,61 +129,20 @@ class XidRecovery(NodeRunbook):
     async def remediate(self, verdict: XidClassification) -> str:
         assert self.policy is not None
         xid, gpu = self.input.xid, self.input.gpu  # a destructive XID that arrived later may have replaced them
-        reason = f"fleetmedic: XID {xid} on GPU {_gpu(gpu)} ({self.workflow_id})"
-        why = f"XID {xid} on GPU {_gpu(gpu)} of {self.node}: {verdict.reason}"
+        reason = f"fleetmedic: XID {xid} on GPU {gpu_name(gpu)} ({self.workflow_id})"
+        why = f"XID {xid} on GPU {gpu_name(gpu)} of {self.node}: {verdict.reason}"
         if lemon := await self.is_lemon():
             return await self.retire_lemon(lemon, SlurmNodeState.DOWN, why)
 
-        await self.take_lease()
-        signalled_at = workflow.now()
-        jobs = await self.take_out_of_service(SlurmNodeState.DOWN, reason)
-        await self.grace_for_checkpoints(jobs, signalled_at, self.policy.grace.checkpoint)
-        await self.ensure_requeued(jobs)
-        await self.drain()
-
+        jobs = await self.take_out_and_drain(SlurmNodeState.DOWN, reason, self.policy.grace.checkpoint)
         requested_at = workflow.now()
         if verdict.action is XidAction.REPLACE:
             await self.ask_provider("replace", why)
             done = "replace"
         else:
             done = await self.reset_gpu(gpu or 0, why)
-
-        if not await self.wait_back_and_validate(requested_at, self.node_gpus or None, rejoined=done != "reset"):
-            await self.leave_quarantined(f"not back in service after XID {xid}: see {self.workflow_id}")
-            await self.release_lease()
-            return await self.record_outcome("quarantined", f"node {self.node} did not come back healthy; "
-                                                            "left out of service", warning=True)
-        await self.return_to_service(resume_slurm=True)
-        await self.release_lease()
-        stuck = await self.confirm_jobs_resumed(jobs)
-        summary = f"XID {xid} on GPU {_gpu(gpu)}: {verdict.action}; node back in service"
-        if jobs:
-            summary += f"; {len(jobs) - len(stuck)}/{len(jobs)} job(s) resumed"
-        return await self.record_outcome("remediated", summary, warning=bool(stuck))
-
-    async def stop_for_opt_out(self, opted: OptedOut) -> str:
-        assert self.policy is not None
-        text = f"opted out before {opted.step}: {'; '.join(opted.reasons)}"
-        if self.mutated:
-            # Something was already done: leave it as it is, say so, and ask a human.
-            await self.say(f":warning: {text}. Steps already taken are left in place.",
-                           mention=self.policy.escalation.slack_mention)
-        return await self.record_outcome("opted-out", text, warning=self.mutated)
-
-
-def input_error(raw: Any) -> str | None:
-    """Why `raw` is not a NodeRunbookInput, in one line (None when it is one)."""
-    if not isinstance(raw, dict):
-        return f"expected a JSON object, got {type(raw).__name__}"
-    try:
-        NodeRunbookInput.model_validate(raw)
-    except ValidationError as exc:
-        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
-    return None
-
-
-def _gpu(gpu: int | None) -> str:
-    return "?" if gpu is None else str(gpu)
+        return await self.return_when_healthy(jobs, requested_at, f"XID {xid} on GPU {gpu_name(gpu)}: {verdict.action}",
+                                              rejoined=done != "reset")
 
 
 def _label_int(alert: Alert, name: str) -> int | None:

@@ -207,17 +207,21 @@ class ProviderStandIn(ThreadedServer):
 
 
 class AgentStandIn(ThreadedServer):
-    """The node agent's HTTP API (validation and GPU reset) for runbook tests; the real agent is
-    `fleetmedic agent`. `verdict` is what /v1/validate answers; resets are recorded."""
+    """The node agent's HTTP API (GPU readings, validation and GPU reset) for runbook tests; the
+    real agent is `fleetmedic agent`. `passed` is what /v1/validate answers, `temperatures` what
+    /v1/gpus reads; resets are recorded."""
 
     def __init__(self, token: str = "agent-secret") -> None:
         super().__init__()
         self.token = token
         self.passed = True
         self.resets: list[tuple[str, int]] = []
+        # What GET /v1/gpus reads now: GPU index -> °C (tests heat and cool them).
+        self.temperatures: dict[int, float] = dict.fromkeys(range(8), 55.0)
 
     def routes(self, app: web.Application) -> None:
         app.router.add_get("/{node}/healthz", self._healthz)
+        app.router.add_get("/{node}/v1/gpus", self._gpus)
         app.router.add_get("/{node}/v1/validate", self._validate)
         app.router.add_post("/{node}/v1/gpus/{gpu}/reset", self._reset)
 
@@ -227,6 +231,12 @@ class AgentStandIn(ThreadedServer):
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
+
+    async def _gpus(self, request: web.Request) -> web.Response:
+        with self.lock:
+            gpus = [{"gpu": g, "temperature_c": t, "thermal_margin_c": 87.0 - t}
+                    for g, t in sorted(self.temperatures.items())]
+        return web.json_response({"gpus": gpus})
 
     async def _validate(self, request: web.Request) -> web.Response:
         expected = request.query.get("expected_gpus", "8")

@@ -1,0 +1,141 @@
+"""A node runbook under test: real Temporal, real Slurm, the Kubernetes emulator, stand-ins for
+Slack, the provider and the node agent. Shared by every node runbook's tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+
+from fleetmedic.ids import node_workflow_id
+from fleetmedic.models import NodeRunbookInput, RunbookStatus
+from fleetmedic.policy import Policy
+from tests.harness import quick_policy, settings_for, worker_for
+from workers.devstack import fleet
+from workers.devstack.controllers import provider_controller
+from workers.devstack.kube_emulator import KubeEmulatorThread
+from workers.devstack.slurm_cluster import LocalSlurmCluster
+from workers.devstack.standins import AgentStandIn, ProviderStandIn, SlackStandIn
+
+# What each node runbook needs in its input to take the remediation path.
+START = {
+    "xid-recovery": {"xid": 79, "gpu": 3},
+    "hot-gpu-pull": {"gpu": 3, "temperature_c": 84.0},
+    "nvlink-fault-replace": {"gpu": 3},
+}
+
+
+@dataclass
+class Stack:
+    client: Client
+    task_queue: str
+    kube: KubeEmulatorThread
+    slurm: LocalSlurmCluster
+    slack: SlackStandIn
+    provider: ProviderStandIn
+    tmp_path: Path
+
+    @property
+    def cluster(self) -> str:
+        return self.task_queue  # one cluster per test: workflow IDs never collide across tests
+
+    def policy(self, **overrides: Any) -> Policy:
+        return quick_policy(self.tmp_path, provider={"kind": "http", "http": {"url": self.provider.url}},
+                            **overrides)
+
+    def seed(self) -> None:
+        for name in self.slurm.nodes:
+            self.kube.emulator.put(fleet.node(name))
+            self.kube.emulator.put(fleet.pod(f"trainer-{name}", name, namespace="training", owner_kind="Job",
+                                             labels={"app": "trainer"}, gpus=8))
+            self.kube.emulator.put(fleet.pod(f"serve-{name}", name, namespace="inference",
+                                             labels={"app": "serve", "fleetmedic.io/workload": "inference"}))
+            self.kube.emulator.put(fleet.pod(f"dcgm-{name}", name, namespace="gpu-operator", owner_kind="DaemonSet"))
+        # Another replica elsewhere keeps the PDB satisfiable: one eviction at a time is allowed.
+        self.kube.emulator.put(fleet.pod("serve-elsewhere", "cpu-node", namespace="inference",
+                                         labels={"app": "serve"}))
+        self.kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
+                                         min_available=1))
+
+    def start_input(self, runbook: str, node: str, **overrides: Any) -> NodeRunbookInput:
+        return NodeRunbookInput.model_validate({**START[runbook], **overrides, "cluster": self.cluster,
+                                                "node": node})
+
+    async def run(self, node: str, xid: int | None = None, gpu: int | None = None, *, runbook: str = "xid-recovery",
+                  policy: Policy | None = None, controller: bool = True, replace_s: float = 1.0,
+                  dry_run: bool = False, timeout: float = 120, during: Any = None, agent: AgentStandIn | None = None,
+                  **start: Any) -> tuple[RunbookStatus, WorkflowHandle[Any, RunbookStatus]]:
+        extra = {"agent_url": agent.url_template, "agent_token": agent.token} if agent else {}
+        settings = settings_for(self.task_queue, self.kube, slurm=self.slurm, slack=self.slack, provider=self.provider,
+                                **extra)
+        replacing: AbstractContextManager[Any] = (provider_controller(self.kube, self.provider, replace_s) if controller
+                                                  else nullcontext())
+        start.update({k: v for k, v in (("xid", xid), ("gpu", gpu)) if v is not None})
+        with replacing:
+            async with worker_for(self.client, settings, policy or self.policy()):
+                handle = await self.client.start_workflow(
+                    runbook, self.start_input(runbook, node, dry_run=dry_run, **start),
+                    id=node_workflow_id(runbook, self.cluster, node), task_queue=self.task_queue,
+                    result_type=RunbookStatus)
+                try:
+                    if during is not None:
+                        await during(handle)
+                    report = await asyncio.wait_for(handle.result(), timeout)
+                    await save_history(handle)
+                except BaseException:
+                    status = await handle.query("status", result_type=RunbookStatus)
+                    print(f"run left at {status.step}, waiting for {status.waiting_for}: {status.decisions}")
+                    await handle.terminate("test failed")  # never leave a run behind for the next test
+                    raise
+        return report, handle
+
+    def slurm_state(self, node: str) -> tuple[str, str]:
+        state, reason = self.slurm.node_state(node)
+        return state.rstrip("*"), reason
+
+    def node(self, name: str) -> dict[str, Any]:
+        obj = self.kube.emulator.get("v1", "Node", name)
+        assert obj is not None
+        return obj
+
+    def node_writes(self, name: str) -> list[Any]:
+        return [r for r in self.kube.emulator.mutations() if r.url.path == f"/api/v1/nodes/{name}"]
+
+    def evicted(self) -> list[str]:
+        """namespace/name of every pod an eviction was asked for."""
+        paths = [r.url.path.split("/") for r in self.kube.emulator.mutations() if r.url.path.endswith("/eviction")]
+        return sorted(f"{p[p.index('namespaces') + 1]}/{p[p.index('pods') + 1]}" for p in paths)
+
+
+async def save_history(handle: WorkflowHandle[Any, Any]) -> None:
+    """FLEETMEDIC_SAVE_HISTORIES=dir keeps each finished run's history for the replay tests."""
+    target = os.environ.get("FLEETMEDIC_SAVE_HISTORIES")
+    if target:
+        history = await handle.fetch_history()
+        name = os.environ.get("PYTEST_CURRENT_TEST", "run").split("::")[-1].split(" ")[0]
+        Path(target, f"{name}.json").write_text(history.to_json())
+
+
+def wait_for(predicate: Any, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not met in time")
+
+
+async def status_when(handle: WorkflowHandle[Any, Any], predicate: Any, timeout: float = 60) -> RunbookStatus:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = await handle.query("status", result_type=RunbookStatus)
+        if predicate(status):
+            return status
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"status never matched: {status}")

@@ -1,0 +1,96 @@
+"""hot-gpu-pull: Krea's rule. "If there is any GPU above 78 °C, you remove it. Don't try to fix it."
+
+1. confirm the GPU is still hot with a fresh reading from the node agent (a GPU that cooled
+   down ends the run as `recovered`, nothing touched);
+2. open the run's Slack thread, check the lemon rule (hot GPUs count like any remediation);
+3. take a disruption lease (and confirm again if it took long to come);
+4. out of service: `immediate` — Slurm DOWN (jobs get SIGTERM) and the grace for checkpoints;
+   `at-checkpoint` — Slurm DRAIN (jobs keep running) until each job's next checkpoint or the
+   policy's deadline; either way the node is cordoned at once and the jobs requeued after;
+5. drain the Kubernetes node, ask the provider to replace the GPU;
+6. wait for the node Ready and validated, return it to service, release the lease, confirm the
+   jobs run again, record the outcome.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio import workflow
+
+from workflows.node_steps import NodeRunbook, NothingToDo, gpu_name
+
+with workflow.unsafe.imports_passed_through():
+    from fleetmedic.models import GpuReading, GpuReadings, RunbookStatus, SlurmNodeState
+
+
+@workflow.defn(name="hot-gpu-pull")
+class HotGpuPull(NodeRunbook):
+    runbook = "hot-gpu-pull"
+
+    @workflow.init
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self._init_run(raw)
+
+    @workflow.run
+    async def run(self, raw: dict[str, Any]) -> RunbookStatus:
+        """Returns the run's report: outcome, every decision with its reason, every change made."""
+        return await self.run_to_outcome(self.pull)
+
+    async def pull(self) -> str:
+        policy = await self.load()
+        hot = await self.confirm_hot()
+
+        self.enter("notify")
+        self.open_thread(f":fire: GPU {gpu_name(hot.gpu)} of `{self.node}` runs hot: {self._heat(hot)}. "
+                         "Pulling it, not fixing it.")
+        why = f"GPU {gpu_name(hot.gpu)} on {self.node} runs at {_temperature(hot)}"
+        if lemon := await self.is_lemon():
+            return await self.retire_lemon(lemon, SlurmNodeState.DOWN, why)
+
+        thermal = policy.thermal
+        reason = f"fleetmedic: GPU {gpu_name(hot.gpu)} hot, {_temperature(hot)} ({self.workflow_id})"
+        if thermal.pull_mode == "immediate":
+            state, grace = SlurmNodeState.DOWN, policy.grace.checkpoint
+        else:
+            # DRAIN: running jobs keep running (no SIGTERM) until their next periodic checkpoint.
+            state, grace = SlurmNodeState.DRAIN, thermal.at_checkpoint_deadline
+        self.decide("classify", f"{why}: pull {thermal.pull_mode} (policy thermal.pull_mode)")
+        jobs = await self.take_out_and_drain(state, reason, grace, recheck=self.confirm_hot)
+
+        requested_at = workflow.now()
+        await self.ask_provider("replace", why)
+        return await self.return_when_healthy(jobs, requested_at, f"hot GPU {gpu_name(hot.gpu)} "
+                                                                  f"({_temperature(hot)}) replaced")
+
+    async def confirm_hot(self) -> GpuReading:
+        """A fresh reading: the hottest GPU the policy calls too hot (the alert's GPU when it names
+        one). Raises NothingToDo when it cooled down. Without a node agent the alert, which held
+        for the policy's `sustain`, is the evidence."""
+        assert self.policy is not None
+        thermal = self.policy.thermal
+        self.enter("confirm still hot")
+        alerted = GpuReading(gpu=self.input.gpu, temperature_c=self.input.temperature_c)
+        readings = await self.call("confirm still hot", "agent.gpus", self.node, GpuReadings)
+        if readings is None or not readings.available:
+            self.decide("confirm still hot", "no fresh reading ("
+                        + (readings.detail if readings else "skipped by an operator")
+                        + f"): acting on the alert, which held for {thermal.sustain}")
+            return alerted
+        candidates = [g for g in readings.gpus if self.input.gpu is None or g.gpu == self.input.gpu]
+        hot = sorted((g for g in candidates if thermal.too_hot(g.temperature_c, g.thermal_margin_c)),
+                     key=lambda g: -(g.temperature_c or 0))
+        if not hot:
+            now = ", ".join(f"GPU {g.gpu} {_temperature(g)}" for g in candidates) or "no such GPU"
+            raise NothingToDo("recovered", f"GPU {gpu_name(self.input.gpu)} cooled down before any action "
+                                           f"({now}); nothing was changed")
+        self.decide("confirm still hot", f"still hot: GPU {hot[0].gpu} {self._heat(hot[0])}")
+        return hot[0]
+
+    def _heat(self, reading: GpuReading) -> str:
+        assert self.policy is not None
+        return self.policy.thermal.too_hot(reading.temperature_c, reading.thermal_margin_c) or _temperature(reading)
+
+
+def _temperature(reading: GpuReading) -> str:
+    return "? °C" if reading.temperature_c is None else f"{reading.temperature_c:g} °C"
