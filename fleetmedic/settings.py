@@ -47,6 +47,10 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("FLEETMEDIC_AGENT_URL", "(none: validation is skipped)",
            "node agent URL template, e.g. http://{node}:9400"),
     EnvVar("FLEETMEDIC_AGENT_TOKEN", "(none)", "token for the node agent's reset endpoint"),
+    EnvVar("NODE_NAME", "(none: the agent refuses to start)", "agent: the node it runs on (downward API)"),
+    EnvVar("FLEETMEDIC_AGENT_EXPECTED_GPUS", "(none: any count passes)",
+           "agent: GPUs the node should have (metric and validation)"),
+    EnvVar("FLEETMEDIC_INFINIBAND_ROOT", "/sys/class/infiniband", "agent: where InfiniBand devices are read"),
     EnvVar("FLEETMEDIC_METRICS_PORT", "9464", "worker Prometheus metrics port (0 disables)"),
     EnvVar("FLEETMEDIC_ACTIVITY_THREADS", "64", "threads for blocking activity calls"),
     EnvVar("FLEETMEDIC_DRY_RUN", "false", "force shadow mode for every runbook of this process"),
@@ -78,6 +82,9 @@ class Settings(BaseModel):
     provider_token: str | None = Field(None, repr=False)
     agent_url: str | None = None
     agent_token: str | None = Field(None, repr=False)
+    node_name: str | None = None
+    agent_expected_gpus: int | None = Field(None, ge=0, le=64)
+    infiniband_root: str = "/sys/class/infiniband"
     metrics_port: int = Field(9464, ge=0, le=65535)
     activity_threads: int = Field(64, ge=1, le=4096)
     dry_run: bool = False
@@ -104,6 +111,9 @@ class Settings(BaseModel):
             "provider_token": "FLEETMEDIC_PROVIDER_TOKEN",
             "agent_url": "FLEETMEDIC_AGENT_URL",
             "agent_token": "FLEETMEDIC_AGENT_TOKEN",
+            "node_name": "NODE_NAME",
+            "agent_expected_gpus": "FLEETMEDIC_AGENT_EXPECTED_GPUS",
+            "infiniband_root": "FLEETMEDIC_INFINIBAND_ROOT",
             "metrics_port": "FLEETMEDIC_METRICS_PORT",
             "activity_threads": "FLEETMEDIC_ACTIVITY_THREADS",
             "dry_run": "FLEETMEDIC_DRY_RUN",

@@ -5,11 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
 from temporalio.client import Client
 
 from fleetmedic.models import RunbookStatus
-from workers.cli import NOT_YET
 
 DESIGN_COMMANDS = ["dev", "worker", "webhook", "agent", "run", "pause", "resume", "status", "audit"]
 
@@ -26,11 +24,9 @@ def test_help_lists_every_command() -> None:
         assert command in done.stdout
 
 
-@pytest.mark.parametrize("command", sorted(NOT_YET))
-def test_commands_not_built_yet_say_so_and_fail(command: str) -> None:
-    done = fleetmedic(command)
-    assert done.returncode == 2
-    assert "not implemented yet" in done.stderr and "issue #" in done.stderr
+def test_agent_without_its_node_name_stops_and_says_which_variable() -> None:
+    done = fleetmedic("agent", "--port", "0", env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2 and "NODE_NAME is not set" in done.stderr
 
 
 def test_run_needs_a_node() -> None:

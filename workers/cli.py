@@ -22,9 +22,6 @@ from fleetmedic.models import Approval, GuardState, NodeRunbookInput, Operator, 
 from fleetmedic.policy import PolicyError, load_policy
 from fleetmedic.settings import Settings, SettingsError
 
-NOT_YET = {
-    "agent": "the GPU node agent (issue #8)",
-}
 RUNNABLE = set(NODE_RUNBOOKS)  # runbooks this build can start; the others' issues are open
 
 
@@ -48,7 +45,9 @@ def parser() -> argparse.ArgumentParser:
     webhook.add_argument("--port", type=int, default=8080)
     webhook.add_argument("--insecure-no-auth", action="store_true",
                          help="accept alerts without a bearer token (only on a trusted network)")
-    sub.add_parser("agent", help="run the GPU node agent [not yet: issue #8]")
+    agent = sub.add_parser("agent", help="run the GPU node agent (DaemonSet): metrics, validation, GPU reset")
+    agent.add_argument("--host", default="0.0.0.0")
+    agent.add_argument("--port", type=int, default=9400)
 
     run = sub.add_parser("run", help="start a runbook by hand")
     run.add_argument("runbook", choices=sorted(NODE_RUNBOOKS + ("traffic-flip", "migrate-back")))
@@ -95,10 +94,6 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command in NOT_YET:
-        print(f"fleetmedic {args.command}: not implemented yet — {NOT_YET[args.command]} is still open.",
-              file=sys.stderr)
-        return 2
     try:
         settings = Settings.from_env()
         if args.command == "policy":
@@ -124,6 +119,16 @@ def main(argv: list[str] | None = None) -> int:
             _apply_address(args)
             asyncio.run(serve(settings, policy, host=args.host, port=args.port,
                               insecure_no_auth=args.insecure_no_auth))
+            return 0
+        if args.command == "agent":
+            from workers.node_agent.serve import serve as serve_agent
+
+            policy = load_policy(settings.policy_path)
+            try:
+                asyncio.run(serve_agent(settings, policy, host=args.host, port=args.port))
+            except ValueError as exc:
+                print(f"fleetmedic agent: {exc}", file=sys.stderr)
+                return 2
             return 0
         _apply_address(args)
         return asyncio.run(client_command(args, settings))

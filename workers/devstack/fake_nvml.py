@@ -84,7 +84,7 @@ class FakeNvml:
             raise pynvml.NVMLError(NOT_SUPPORTED)
         return gpu
 
-    # --- the pynvml subset, under pynvml's own names ----------------------------------------------------------------------
+    # --- the pynvml subset, under pynvml's own names ------------------------------------------
 
     def nvmlInit(self) -> None:
         self.initialized = True

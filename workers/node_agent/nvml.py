@@ -253,6 +253,18 @@ class Nvml:
             self.xid_counts[(gpu, xid)] += 1
             self.xid_events.append(XidEvent(gpu=gpu, xid=xid, at=at if at is not None else time.time()))
 
+    def known_xids(self, xids: list[int]) -> None:
+        """Export these XIDs at 0 on every GPU from the start: the rules' `increase()` only sees a
+        counter go up from a sample it already had, so a series born at 1 would never alert."""
+        with self._lock:
+            for gpu in range(self.count):
+                for xid in xids:
+                    self.xid_counts.setdefault((gpu, xid), 0)
+
+    def xid_totals(self) -> dict[tuple[int, int], int]:
+        with self._lock:
+            return dict(self.xid_counts)
+
     def xids_since(self, since: float) -> list[XidEvent]:
         with self._lock:
             return [e for e in self.xid_events if e.at >= since]
