@@ -50,6 +50,8 @@ MERGE_PATCH = "application/merge-patch+json"
 # to service we take our annotations off and leave their cordon in place.
 PRE_CORDONED = "fleetmedic.io/was-cordoned"
 CONFLICT_RETRIES = 5
+# Kinds whose Events name no namespace in their involvedObject.
+CLUSTER_SCOPED = frozenset({"Node", "ClusterQueue", "ResourceFlavor"})
 
 
 def load_api_client(kubeconfig: str | None) -> ApiClient:
@@ -469,7 +471,8 @@ class KubernetesActivities:
             metadata=client.V1ObjectMeta(name=name, namespace=request.namespace),
             involved_object=client.V1ObjectReference(kind=request.kind, name=request.name,
                                                      api_version=request.api_version,
-                                                     namespace=None if request.kind == "Node" else request.namespace),
+                                                     namespace=None if request.kind in CLUSTER_SCOPED
+                                                     else request.namespace),
             reason=request.reason, message=request.message[:1024], type=request.type,
             source=client.V1EventSource(component="fleetmedic"),
             first_timestamp=now, last_timestamp=now, count=1,

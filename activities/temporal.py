@@ -12,11 +12,12 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from fleetmedic.ids import guard_workflow_id
+from fleetmedic.ids import cluster_workflow_id, guard_workflow_id, start_attributes
 from fleetmedic.models import GuardState, LeaseRequest
+from fleetmedic.quota import QuotaSyncInput
 
 
 class TemporalActivities:
@@ -36,6 +37,17 @@ class TemporalActivities:
     @activity.defn(name="guard.release")
     async def release_lease(self, cluster: str, workflow_id: str) -> None:
         await self.signal_guard(cluster, "release", workflow_id)
+
+    @activity.defn(name="kueue.request_sync")
+    async def request_quota_sync(self, cluster: str) -> None:
+        """A node left or returned: start kueue-quota-sync/<cluster>, or tell the running one to
+        make another pass."""
+        workflow_id = cluster_workflow_id("kueue-quota-sync", cluster)
+        await self.client.start_workflow(
+            "kueue-quota-sync", QuotaSyncInput(cluster=cluster, requested_by="node runbook"), id=workflow_id,
+            task_queue=self.task_queue, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, start_signal="sync",
+            search_attributes=start_attributes("kueue-quota-sync", cluster))
 
     @activity.defn(name="temporal.running")
     async def running(self, workflow_ids: list[str]) -> list[str]:
@@ -60,4 +72,5 @@ class TemporalActivities:
         return (await self.client.count_workflows(query)).count
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.request_lease, self.release_lease, self.running, self.count_remediations]
+        return [self.request_lease, self.release_lease, self.request_quota_sync, self.running,
+                self.count_remediations]

@@ -465,3 +465,4 @@ class GuardState(_Model):
 class FleetCapacity(_Model):
     gpu_nodes: int
     unavailable: list[str] = Field(default_factory=list)  # NotReady or cordoned GPU nodes
+

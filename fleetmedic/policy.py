@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleetmedic.durations import Duration
+from fleetmedic.quota import QueueShare
 from fleetmedic.xid import BurstRule, XidAction, XidRule, default_burst, default_catalog, default_reset_repeat
 
 
@@ -263,6 +264,23 @@ class RoutingPolicy(_Strict):
     default_cluster: str = "default"
 
 
+class KueuePolicy(_Strict):
+    """kueue-quota-sync: ClusterQueue quotas follow the healthy GPUs that exist."""
+
+    enabled: bool = False  # on: the worker keeps a Temporal Schedule, and node runbooks trigger a sync
+    interval: Duration = Field(default_factory=lambda: _td(minutes=5))
+    # How each ClusterQueue's GPU quota follows its flavors' healthy GPUs (default: all of them).
+    queues: dict[str, QueueShare] = Field(default_factory=dict)
+    default: QueueShare = QueueShare()
+    # At most this share of a queue's quota is added in one run (cuts to the healthy count are not bounded).
+    max_change_fraction: float = Field(0.25, gt=0, le=1)
+    # Degraded inference-only nodes (nvlink.degraded_taint) count as training capacity.
+    count_degraded: bool = False
+
+    def share_for(self, queue: str) -> QueueShare:
+        return self.queues.get(queue, self.default)
+
+
 class NotifyPolicy(_Strict):
     slack_channel: str | None = None  # FLEETMEDIC_SLACK_CHANNEL wins when set
 
@@ -284,6 +302,7 @@ class Policy(_Strict):
     notify: NotifyPolicy = NotifyPolicy()
     retries: RetryPolicyConfig = RetryPolicyConfig()
     routing: RoutingPolicy = RoutingPolicy()
+    kueue: KueuePolicy = KueuePolicy()
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:

@@ -23,6 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from fleetmedic.ids import SEARCH_ATTRIBUTES
+from tests import rbac
 from tests.runbook_stack import Stack
 from workers.devstack import fleet
 from workers.devstack.kube_emulator import KubeEmulator, KubeEmulatorThread, seed
@@ -74,14 +75,23 @@ def task_queue() -> str:
 
 
 @pytest.fixture
-def kube(tmp_path: Path) -> Iterator[KubeEmulatorThread]:
-    """A fresh emulated API server per test, seeded with nothing; `kube.kubeconfig` points at it."""
+def kube(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[KubeEmulatorThread]:
+    """A fresh emulated API server per test, seeded with nothing; `kube.kubeconfig` points at it.
+    What the worker's adapters ask of it is recorded for the RBAC test (`not_worker_rbac`: tests
+    that exercise the emulator itself or another process's access)."""
     thread = KubeEmulatorThread(KubeEmulator()).start()
     thread.kubeconfig = thread.write_kubeconfig(tmp_path / "kubeconfig")  # type: ignore[attr-defined]
     try:
         yield thread
     finally:
+        if request.node.get_closest_marker("not_worker_rbac") is None:
+            rbac.record(thread.emulator.requests())
         thread.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The RBAC test judges what every other test sent to the Kubernetes API: it runs last.
+    items.sort(key=lambda item: item.module.__name__.endswith("test_rbac") if item.module else False)
 
 
 @pytest.fixture

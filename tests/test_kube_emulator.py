@@ -18,6 +18,9 @@ MERGE = "application/merge-patch+json"
 def core(kube: KubeEmulatorThread) -> client.CoreV1Api:
     return client.CoreV1Api(config.new_client_from_config(str(kube.kubeconfig)))  # type: ignore[attr-defined]
 
+# These tests exercise the emulator itself, not the worker's adapters.
+pytestmark = pytest.mark.not_worker_rbac
+
 
 def test_uid_and_resource_version_and_stale_write_conflict(kube: KubeEmulatorThread, core: client.CoreV1Api) -> None:
     kube.emulator.put(fleet.node("n1"))

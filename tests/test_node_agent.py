@@ -249,6 +249,7 @@ async def test_without_a_token_resets_are_disabled(tmp_path: Path) -> None:
     assert answer.status_code == 403 and world.resets == []
 
 
+@pytest.mark.not_worker_rbac  # the agent's own ServiceAccount (nodes get), not the worker's
 def test_the_cordon_check_reads_the_node_from_the_kubernetes_api(kube: KubeEmulatorThread) -> None:
     kube.emulator.put(fleet.node("gpu-node-4"))
     settings = Settings(kubeconfig=str(kube.kubeconfig))  # type: ignore[attr-defined]

@@ -17,12 +17,13 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
-from fleetmedic.ids import NODE_RUNBOOKS, guard_workflow_id, node_workflow_id, start_attributes
+from fleetmedic.ids import NODE_RUNBOOKS, cluster_workflow_id, guard_workflow_id, node_workflow_id, start_attributes
 from fleetmedic.models import Approval, GuardState, NodeRunbookInput, Operator, RunbookStatus
 from fleetmedic.policy import PolicyError, load_policy
+from fleetmedic.quota import QuotaSyncInput
 from fleetmedic.settings import Settings, SettingsError
 
-RUNNABLE = set(NODE_RUNBOOKS)  # runbooks this build can start; the others' issues are open
+RUNNABLE = {*NODE_RUNBOOKS, "kueue-quota-sync"}  # runbooks this build can start; the others' issues are open
 
 
 def parser() -> argparse.ArgumentParser:
@@ -50,8 +51,8 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--port", type=int, default=9400)
 
     run = sub.add_parser("run", help="start a runbook by hand")
-    run.add_argument("runbook", choices=sorted(NODE_RUNBOOKS + ("traffic-flip", "migrate-back")))
-    run.add_argument("--node", required=True)
+    run.add_argument("runbook", choices=sorted(NODE_RUNBOOKS + ("traffic-flip", "migrate-back", "kueue-quota-sync")))
+    run.add_argument("--node", help="the node (node runbooks)")
     run.add_argument("--gpu", type=int)
     run.add_argument("--xid", type=int)
     run.add_argument("--temperature", type=float, help="hot-gpu-pull: the reading that started it (°C)")
@@ -92,7 +93,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
+    if args.command == "run" and args.runbook in NODE_RUNBOOKS and not args.node:
+        cli.error(f"run {args.runbook}: --node is required")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = Settings.from_env()
@@ -197,6 +201,8 @@ async def run_command(client: Client, args: argparse.Namespace, settings: Settin
         print(f"fleetmedic run {args.runbook}: not implemented yet (its issue is still open).", file=sys.stderr)
         return 2
     cluster = args.cluster or settings.cluster
+    if args.runbook == "kueue-quota-sync":
+        return await quota_sync_command(client, args, settings, cluster)
     runbook_input = NodeRunbookInput(cluster=cluster, node=args.node, gpu=args.gpu, xid=args.xid,
                                      temperature_c=args.temperature, dry_run=args.dry_run, requested_by=args.by)
     workflow_id = node_workflow_id(args.runbook, cluster, args.node)
@@ -209,6 +215,24 @@ async def run_command(client: Client, args: argparse.Namespace, settings: Settin
     if args.wait:
         report = await handle.result()
         print(f"outcome: {report.outcome if isinstance(report, RunbookStatus) else report}")
+    return 0
+
+
+async def quota_sync_command(client: Client, args: argparse.Namespace, settings: Settings, cluster: str) -> int:
+    """One kueue-quota-sync pass now (the Schedule runs it too); with --dry-run --wait, the diff."""
+    workflow_id = cluster_workflow_id("kueue-quota-sync", cluster)
+    handle = await client.start_workflow(
+        "kueue-quota-sync", QuotaSyncInput(cluster=cluster, dry_run=args.dry_run, requested_by=args.by),
+        id=workflow_id, task_queue=settings.task_queue, result_type=RunbookStatus,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        search_attributes=start_attributes("kueue-quota-sync", cluster, dry_run=args.dry_run))
+    print(f"{workflow_id} (run {handle.result_run_id}): started{' in shadow mode' if args.dry_run else ''}")
+    if args.wait:
+        report = await handle.result()
+        for decision in report.decisions:
+            if decision.step == "compare":
+                print(f"  {decision.result}")
+        print(f"outcome: {report.outcome}")
     return 0
 
 

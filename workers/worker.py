@@ -28,6 +28,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from activities.agent import AgentActivities
 from activities.config import ConfigActivities
 from activities.kubernetes import KubernetesActivities, load_api_client
+from activities.kueue import KueueActivities
 from activities.providers import ProviderActivities, make_provider
 from activities.slack import SlackActivities
 from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
@@ -36,8 +37,13 @@ from activities.temporal import TemporalActivities
 from fleetmedic.models import RunContext
 from fleetmedic.policy import Policy, load_policy
 from fleetmedic.settings import Settings
+from workers.schedules import ensure_quota_schedule
 from workers.temporal_client import connect, ensure_search_attributes
 from workflows import WORKFLOWS
+
+# What running activities get to finish after SIGTERM; the pod's terminationGracePeriodSeconds
+# (deploy/kubernetes/base/worker.yaml) is longer, and a test keeps it so.
+SHUTDOWN_GRACE = timedelta(seconds=30)
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,7 @@ def build_activities(settings: Settings, policy: Policy, client: Client,
     groups = [
         ConfigActivities(policy, context, force_dry_run=dry),
         kubernetes,
+        KueueActivities(kubernetes),
         slurm,
         StorageActivities(policy.storage),
         ProviderActivities(provider, force_dry_run=dry),
@@ -96,7 +103,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         activity_executor=executor,
         max_concurrent_activities=settings.activity_threads,
         workflow_runner=sandbox_runner(),
-        graceful_shutdown_timeout=timedelta(seconds=30),
+        graceful_shutdown_timeout=SHUTDOWN_GRACE,
     )
 
 
@@ -119,6 +126,7 @@ async def run_worker(settings: Settings, policy: Policy | None = None, stop: asy
         await ensure_search_attributes(client)
     except Exception:
         log.warning("continuing without registering search attributes; runbooks that upsert them will fail")
+    await ensure_quota_schedule(client, settings, policy)
     worker = build_worker(client, settings, policy)
     log.info("worker polling %s on %s (namespace %s)", settings.task_queue,
              client.service_client.config.target_host, client.namespace)

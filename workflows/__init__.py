@@ -2,7 +2,8 @@
 
 from workflows.fleet_guard import FleetGuard
 from workflows.hot_gpu_pull import HotGpuPull
+from workflows.kueue_quota_sync import KueueQuotaSync
 from workflows.nvlink_fault_replace import NvlinkFaultReplace
 from workflows.xid_recovery import XidRecovery
 
-WORKFLOWS: list[type] = [XidRecovery, HotGpuPull, NvlinkFaultReplace, FleetGuard]
+WORKFLOWS: list[type] = [XidRecovery, HotGpuPull, NvlinkFaultReplace, KueueQuotaSync, FleetGuard]

@@ -93,6 +93,7 @@ class FleetGuard:
                 await self.reclaim()
             await self.grant()
             await self.tell()
+            self.record_metrics()
             if workflow.info().is_continue_as_new_suggested() or workflow.info().get_current_history_length() > limit:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 # Everything the guard knows is in its state; waiters are told again after the restart.
@@ -142,6 +143,20 @@ class FleetGuard:
             self.told.pop(request.workflow_id, None)
             out_now = len(set(capacity.unavailable) | {h.node for h in self.state.holders})
             self.out_fraction = out_now / capacity.gpu_nodes
+
+    def record_metrics(self) -> None:
+        """Budget use on the worker's /metrics (the dashboard's budget panel). Gauges: each
+        worker that runs the guard reports the latest state; replays record nothing."""
+        assert self.policy is not None
+        meter = workflow.metric_meter().with_additional_attributes({"cluster": self.state.cluster})
+        meter.create_gauge("fleetmedic_guard_leases_held", "disruption leases held").set(len(self.state.holders))
+        meter.create_gauge("fleetmedic_guard_leases_max", "budget.max_concurrent").set(
+            self.policy.budget.max_concurrent)
+        meter.create_gauge("fleetmedic_guard_waiting", "runbooks waiting for a lease").set(len(self.state.queue))
+        meter.create_gauge("fleetmedic_guard_paused", "1 while the fleet is paused").set(
+            int(self.state.paused is not None))
+        meter.create_gauge_float("fleetmedic_guard_out_fraction", "share of GPU nodes out of service").set(
+            self.out_fraction)
 
     async def _capacity(self) -> FleetCapacity:
         assert self.policy is not None

@@ -322,6 +322,7 @@ class NodeRunbook(Runbook):
             if slurm else _nothing(),
             self.act("take out of service", "k8s.cordon_node", self.target(reason)) if taint is None
             else self.act("take out of service", "k8s.add_taint", self.taint_request(taint, reason)))
+        await self.request_quota_sync("take out of service")
         if jobs:
             self.decide("take out of service", "jobs on the node: " + ", ".join(
                 f"{j.job_id} ({j.name}, restarts {j.restart_count})" for j in jobs))
@@ -542,6 +543,21 @@ class NodeRunbook(Runbook):
         if resume_slurm and self.context.slurm_enabled:
             await self.act("return to service", "slurm.set_node_state",
                            SetSlurmNodeState(node=self.node, state=SlurmNodeState.RESUME, dry_run=self.dry_run))
+        await self.request_quota_sync("return to service")
+
+    async def request_quota_sync(self, step: str) -> None:
+        """The node's GPUs left or rejoined the fleet: Kueue's quotas follow (kueue-quota-sync).
+        Never holds the runbook up: the Schedule catches up if this cannot start it."""
+        assert self.policy is not None
+        if self.dry_run or not self.policy.kueue.enabled or not workflow.patched("kueue-sync-on-node-change"):
+            return
+        try:
+            await workflow.execute_activity("kueue.request_sync", self.cluster,
+                                            start_to_close_timeout=self.call_timeout(), retry_policy=self.retry(),
+                                            summary=f"{step}: sync Kueue quotas")
+            self.decide(step, f"Kueue quota sync asked (kueue-quota-sync/{self.cluster})")
+        except ActivityError:
+            self.decide(step, "could not start the Kueue quota sync; its schedule catches up")
 
     async def confirm_jobs_resumed(self, jobs: list[SlurmJob]) -> list[int]:
         """The requeued jobs run again (RUNNING, restart count up). Returns those that did not."""

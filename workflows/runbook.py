@@ -174,6 +174,9 @@ class Runbook:
         workflow.logger.info("%s: %s", step, result)
 
     def enter(self, step: str) -> None:
+        if step != self.step_name:  # runbooks by step, on the worker's /metrics
+            workflow.metric_meter().create_counter("fleetmedic_runbook_steps", "runbook steps entered").add(
+                1, {"runbook": self.runbook, "step": step})
         self.step_name = step
         self.waiting_for = None
         workflow.set_current_details(f"**{step}**" + (" (shadow mode)" if self.dry_run else ""))

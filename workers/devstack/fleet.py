@@ -66,6 +66,42 @@ def pdb(name: str, *, match_labels: dict[str, str], namespace: str = "default",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
+KUEUE = "kueue.x-k8s.io/v1beta1"
+
+
+def resource_flavor(name: str, node_labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": name},
+            "spec": {"nodeLabels": dict(node_labels)}}
+
+
+def cluster_queue(name: str, gpu_quota: dict[str, int], *, cohort: str = "") -> dict[str, Any]:
+    """A ClusterQueue with one resource group: cpu and GPUs per flavor (cpu is never touched)."""
+    spec: dict[str, Any] = {"namespaceSelector": {}, "resourceGroups": [{
+        "coveredResources": ["cpu", "nvidia.com/gpu"],
+        "flavors": [{"name": flavor, "resources": [{"name": "cpu", "nominalQuota": "512"},
+                                                   {"name": "nvidia.com/gpu", "nominalQuota": gpus}]}
+                    for flavor, gpus in gpu_quota.items()]}]}
+    if cohort:
+        spec["cohort"] = cohort
+    return {"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec}
+
+
+def workload(name: str, queue: str, flavor: str, gpus: int, *, namespace: str = "training",
+             admitted: bool = True, priority: int = 1000) -> dict[str, Any]:
+    """A Kueue Workload; admitted ones carry their ClusterQueue, flavor and GPU usage."""
+    status: dict[str, Any] = {"conditions": [{"type": "Admitted", "status": "True" if admitted else "False",
+                                              "reason": "Admitted" if admitted else "Pending"}]}
+    if admitted:
+        status["admission"] = {"clusterQueue": queue, "podSetAssignments": [{
+            "name": "main", "count": max(1, gpus // 8), "flavors": {"nvidia.com/gpu": flavor, "cpu": flavor},
+            "resourceUsage": {"nvidia.com/gpu": str(gpus), "cpu": "64"}}]}
+    return {"apiVersion": KUEUE, "kind": "Workload", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"queueName": f"{queue}-local", "priority": priority,
+                     "podSets": [{"name": "main", "count": max(1, gpus // 8),
+                                  "template": {"spec": {"containers": []}}}]},
+            "status": status}
+
+
 def demo_fleet(nodes: int = 8) -> list[dict[str, Any]]:
     """About what `fleetmedic dev` shows: GPU nodes, a training job's pods, inference, DaemonSets."""
     objects: list[dict[str, Any]] = [

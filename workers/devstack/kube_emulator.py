@@ -213,6 +213,10 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             self.faults.append(fault)
         return fault
 
+    def requests(self) -> list[kmock.Request]:
+        """Every request that reached the API, in order."""
+        return list(self._requests)
+
     def mutations(self) -> list[kmock.Request]:
         """Every write that reached the API (including refused ones), in order."""
         return [r for r in list(self._requests) if r.method.value in MUTATING_METHODS]

@@ -1,0 +1,130 @@
+"""Kueue through the Kubernetes API: ResourceFlavors, ClusterQueues and admitted Workloads read
+for kueue-quota-sync, and a ClusterQueue's GPU `nominalQuota` set with optimistic concurrency.
+
+Kueue's objects are cluster-scoped (flavors, queues) and namespaced (workloads), `kueue.x-k8s.io/v1beta1`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+from temporalio import activity
+
+from activities.errors import fail
+from activities.kubernetes import CONFLICT_RETRIES, KubernetesActivities, api_errors, node_info
+from fleetmedic.errors import ErrorKind
+from fleetmedic.models import ActionResult
+from fleetmedic.quota import Flavor, KueueSnapshot, Queue, QuotaSlot, QuotaUpdate
+
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta1"
+
+
+class KueueActivities:
+    def __init__(self, kubernetes: KubernetesActivities) -> None:
+        self.k8s = kubernetes
+
+    @property
+    def gpu(self) -> str:
+        return self.k8s.policy.labels.gpu_resource
+
+    def _list(self, plural: str) -> list[dict[str, Any]]:
+        with api_errors(f"list Kueue {plural}"):
+            result = self.k8s.custom.list_cluster_custom_object(GROUP, VERSION, plural,
+                                                                _request_timeout=self.k8s.timeout)
+        return list(result.get("items", []))
+
+    @activity.defn(name="kueue.snapshot")
+    def snapshot(self) -> KueueSnapshot:
+        """Flavors, the GPU quotas of every ClusterQueue, what admitted workloads hold, and the GPU nodes."""
+        try:
+            flavors = self._list("resourceflavors")
+        except Exception as exc:
+            if getattr(exc, "type", None) == ErrorKind.NOT_FOUND:
+                return KueueSnapshot(installed=False)  # no Kueue API in this cluster: nothing to keep in sync
+            raise
+        queues, workloads = self._list("clusterqueues"), self._list("workloads")
+        with api_errors("list GPU nodes"):
+            nodes = self.k8s.core.list_node(label_selector=self.k8s.policy.labels.gpu_node_selector,
+                                            _request_timeout=self.k8s.timeout).items
+        used = self._admitted_usage(workloads)
+        return KueueSnapshot(
+            flavors=[Flavor(name=f["metadata"]["name"], node_labels=(f.get("spec") or {}).get("nodeLabels") or {})
+                     for f in flavors],
+            queues=[Queue(name=q["metadata"]["name"], resource_version=q["metadata"].get("resourceVersion", ""),
+                          slots=self._slots(q), used=used.get(q["metadata"]["name"], {})) for q in queues],
+            nodes=[node_info(n, self.gpu) for n in nodes])
+
+    def _slots(self, queue: dict[str, Any]) -> list[QuotaSlot]:
+        slots = []
+        for g, group in enumerate((queue.get("spec") or {}).get("resourceGroups") or []):
+            for f, flavor in enumerate(group.get("flavors") or []):
+                for r, resource in enumerate(flavor.get("resources") or []):
+                    if resource.get("name") == self.gpu:
+                        slots.append(QuotaSlot(flavor=flavor["name"], group=g, flavor_index=f, resource_index=r,
+                                               nominal=int(parse_quantity(str(resource.get("nominalQuota", 0))))))
+        return slots
+
+    def _admitted_usage(self, workloads: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+        """queue -> flavor -> GPUs held by admitted (quota-reserved) workloads."""
+        used: dict[str, dict[str, int]] = {}
+        for workload in workloads:
+            status = workload.get("status") or {}
+            admitted = any(c.get("type") in ("Admitted", "QuotaReserved") and c.get("status") == "True"
+                           for c in status.get("conditions") or [])
+            admission = status.get("admission") or {}
+            if not admitted or not admission.get("clusterQueue"):
+                continue
+            per_flavor = used.setdefault(admission["clusterQueue"], {})
+            for assignment in admission.get("podSetAssignments") or []:
+                flavor = (assignment.get("flavors") or {}).get(self.gpu)
+                quantity = (assignment.get("resourceUsage") or {}).get(self.gpu)
+                if flavor and quantity is not None:
+                    per_flavor[flavor] = per_flavor.get(flavor, 0) + int(parse_quantity(str(quantity)))
+        return used
+
+    @activity.defn(name="kueue.set_quota")
+    def set_quota(self, update: QuotaUpdate) -> ActionResult:
+        """Set GPU nominalQuotas of one ClusterQueue: read, change only those numbers, replace with the
+        resourceVersion; on a 409 read the fresh object and apply the same numbers to it."""
+        target = f"ClusterQueue {update.queue}"
+        detail = ", ".join(f"{s.flavor} {s.nominal}" for s in update.slots)
+        for attempt in range(CONFLICT_RETRIES):
+            with api_errors(f"get ClusterQueue {update.queue}"):
+                queue = self.k8s.custom.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", update.queue,
+                                                                  _request_timeout=self.k8s.timeout)
+            changed = False
+            for slot in update.slots:
+                try:
+                    flavor = queue["spec"]["resourceGroups"][slot.group]["flavors"][slot.flavor_index]
+                    resource = flavor["resources"][slot.resource_index]
+                except (KeyError, IndexError, TypeError):
+                    flavor, resource = {}, {}
+                if flavor.get("name") != slot.flavor or resource.get("name") != self.gpu:
+                    # Someone restructured the queue since we read it: recompute rather than guess.
+                    raise fail(ErrorKind.CONFLICT, f"{target} changed shape: {slot.flavor} is no longer where "
+                                                   "it was; the next sync recomputes")
+                if int(parse_quantity(str(resource.get("nominalQuota", 0)))) != slot.nominal:
+                    resource["nominalQuota"] = slot.nominal
+                    changed = True
+            if not changed:
+                return ActionResult(system="kubernetes", action="set quota", target=target, changed=False,
+                                    dry_run=update.dry_run, detail=f"already {detail}")
+            if self.k8s._dry(update.dry_run):
+                return ActionResult(system="kubernetes", action="set quota", target=target, changed=False,
+                                    dry_run=True, detail=detail)
+            try:
+                with api_errors(f"update ClusterQueue {update.queue}"):
+                    self.k8s.custom.replace_cluster_custom_object(GROUP, VERSION, "clusterqueues", update.queue,
+                                                                  queue, _request_timeout=self.k8s.timeout)
+                return ActionResult(system="kubernetes", action="set quota", target=target, changed=True,
+                                    detail=detail)
+            except Exception as exc:
+                if getattr(exc, "type", None) != ErrorKind.CONFLICT or attempt == CONFLICT_RETRIES - 1:
+                    raise
+                activity.logger.info("%s changed under us (409), applying the quota to the fresh object", target)
+        raise AssertionError("unreachable")
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [self.snapshot, self.set_quota]

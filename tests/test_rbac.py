@@ -1,0 +1,73 @@
+"""Least privilege, checked against reality.
+
+Every request the worker's adapters sent to the Kubernetes emulator during this test session was
+recorded (tests/rbac.py). The worker's ClusterRole, as `kubectl kustomize` renders it, must allow
+each of them, and — when the whole suite ran — nothing beyond them. The webhook has no Kubernetes
+access at all; the agent may only read nodes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests import rbac
+from tests.conftest import require
+
+ROOT = Path(__file__).resolve().parent.parent
+# The test modules whose runs drive every adapter; with all of them in the session the recording
+# is complete and the role must not allow more than was used.
+ADAPTER_TESTS = {"test_xid_recovery", "test_hot_gpu_pull", "test_nvlink_fault_replace", "test_node_runbooks",
+                 "test_kubernetes_activities", "test_providers", "test_fleet_guard"}
+
+
+def render(path: str) -> list[dict[str, Any]]:
+    require(shutil.which("kubectl") is not None, "kubectl (with kustomize)")
+    out = subprocess.run(["kubectl", "kustomize", str(ROOT / path)], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def allowed_by(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    allowed = set()
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    allowed.add((verb, group, resource))
+    return allowed
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def test_the_workers_clusterrole_allows_exactly_what_its_adapters_send(request: pytest.FixtureRequest) -> None:
+    objects = render("deploy/kubernetes/base")
+    role = find(objects, "ClusterRole", "fleetmedic-worker")
+    allowed = allowed_by(role)
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+    missing = sorted(rbac.OBSERVED - allowed)
+    assert not missing, f"the worker sends requests its ClusterRole forbids: {missing}"
+    ran = {item.module.__name__.rsplit(".", 1)[-1] for item in request.session.items if item.module}
+    if ADAPTER_TESTS <= ran and request.session.testsfailed == 0:
+        unused = sorted(allowed - rbac.OBSERVED)
+        assert not unused, f"the ClusterRole allows what no adapter uses: {unused}"
+
+
+def test_the_webhook_has_no_kubernetes_access_and_the_agent_only_reads_nodes() -> None:
+    objects = render("deploy/kubernetes/base")
+    webhook_sa = find(objects, "ServiceAccount", "fleetmedic-webhook")
+    assert webhook_sa.get("automountServiceAccountToken") is False
+    webhook_pod = find(objects, "Deployment", "fleetmedic-webhook")["spec"]["template"]["spec"]
+    assert webhook_pod["automountServiceAccountToken"] is False
+    bindings = [o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    bound = {(s["name"], o["roleRef"]["name"]) for o in bindings for s in o["subjects"]}
+    assert bound == {("fleetmedic-worker", "fleetmedic-worker"), ("fleetmedic-agent", "fleetmedic-agent")}
+    assert allowed_by(find(objects, "ClusterRole", "fleetmedic-agent")) == {("get", "", "nodes")}

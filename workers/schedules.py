@@ -1,0 +1,62 @@
+"""The Temporal Schedules the worker keeps: kueue-quota-sync every `kueue.interval`.
+
+Created when missing, brought up to date (interval, action) when present, never un-paused: an
+operator's pause from the UI or `temporal schedule toggle --pause` outlives worker restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleIntervalSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+    ScheduleState,
+    ScheduleUpdate,
+    ScheduleUpdateInput,
+)
+
+from fleetmedic.ids import cluster_workflow_id, start_attributes
+from fleetmedic.policy import Policy
+from fleetmedic.quota import QuotaSyncInput
+from fleetmedic.settings import Settings
+
+log = logging.getLogger(__name__)
+QUOTA_SYNC = "kueue-quota-sync"
+
+
+def quota_schedule_id(cluster: str) -> str:
+    return cluster_workflow_id(QUOTA_SYNC, cluster)
+
+
+async def ensure_quota_schedule(client: Client, settings: Settings, policy: Policy) -> str | None:
+    """The schedule's ID, or None when policy leaves Kueue sync off."""
+    if not policy.kueue.enabled:
+        return None
+    schedule_id = quota_schedule_id(settings.cluster)
+    action = ScheduleActionStartWorkflow(
+        QUOTA_SYNC, QuotaSyncInput(cluster=settings.cluster, requested_by="schedule"),
+        id=schedule_id, task_queue=settings.task_queue,  # Temporal appends the run's time to the ID
+        typed_search_attributes=start_attributes(QUOTA_SYNC, settings.cluster))
+    spec = ScheduleSpec(intervals=[ScheduleIntervalSpec(every=policy.kueue.interval)])
+    rules = SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP)
+    try:
+        await client.create_schedule(schedule_id, Schedule(
+            action=action, spec=spec, policy=rules,
+            state=ScheduleState(note="FleetMedic: ClusterQueue GPU quotas follow the healthy GPUs")))
+        log.info("schedule %s created: every %s", schedule_id, policy.kueue.interval)
+    except ScheduleAlreadyRunningError:
+        async def update(current: ScheduleUpdateInput) -> ScheduleUpdate:
+            schedule = current.description.schedule
+            schedule.action, schedule.spec, schedule.policy = action, spec, rules  # the state (paused) stays
+            return ScheduleUpdate(schedule=schedule)
+
+        await client.get_schedule_handle(schedule_id).update(update)
+        log.info("schedule %s updated: every %s", schedule_id, policy.kueue.interval)
+    return schedule_id
