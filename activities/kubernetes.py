@@ -404,6 +404,14 @@ class KubernetesActivities:
             return EvictionReport(node=request.node, dry_run=True, skipped=skipped,
                                   evicted=[f"{p.metadata.namespace}/{p.metadata.name}" for p in pending])
 
+        evicted, left, last_error = self.evict_until(pending, deadline)
+        self._wait_gone(request.node, evicted, deadline)
+        failed = [PodProblem(pod=ref, reason=last_error.get(ref, "deadline")) for ref in left]
+        return EvictionReport(node=request.node, evicted=evicted, skipped=skipped, failed=failed)
+
+    def evict_until(self, pending: list[client.V1Pod], deadline: float) -> tuple[list[str], list[str], dict[str, str]]:
+        """Evict each pod, waiting out PodDisruptionBudget refusals (backoff) until `deadline`.
+        Returns (evicted, still there, why each one is still there)."""
         evicted: list[str] = []
         last_error: dict[str, str] = {}
         delay = 0.2
@@ -422,11 +430,7 @@ class KubernetesActivities:
             if pending:
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 2, 5.0)
-        self._wait_gone(request.node, evicted, deadline)
-        failed = [PodProblem(pod=f"{p.metadata.namespace}/{p.metadata.name}",
-                             reason=last_error.get(f"{p.metadata.namespace}/{p.metadata.name}", "deadline"))
-                  for p in pending]
-        return EvictionReport(node=request.node, evicted=evicted, skipped=skipped, failed=failed)
+        return evicted, [f"{p.metadata.namespace}/{p.metadata.name}" for p in pending], last_error
 
     def _evict_one(self, pod: client.V1Pod) -> str | None:
         """None when the pod is evicted (or already gone); else why it is still there."""

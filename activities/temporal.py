@@ -6,6 +6,7 @@ cluster the first time one of its runbooks asks.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -16,7 +17,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from fleetmedic.ids import cluster_workflow_id, guard_workflow_id, start_attributes
-from fleetmedic.models import GuardState, LeaseRequest
+from fleetmedic.models import GuardState, LeaseRequest, Operator
 from fleetmedic.quota import QuotaSyncInput
 
 
@@ -49,6 +50,23 @@ class TemporalActivities:
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, start_signal="sync",
             search_attributes=start_attributes("kueue-quota-sync", cluster))
 
+    @activity.defn(name="traffic.stop_runbook")
+    async def stop_runbook(self, workflow_id: str, operator: Operator) -> bool:
+        """Signal `stop` to a running traffic runbook and wait until it has closed. False: none ran."""
+        handle = self.client.get_workflow_handle(workflow_id)
+        try:
+            await handle.signal("stop", operator)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        while True:
+            description = await handle.describe()
+            if description.status != WorkflowExecutionStatus.RUNNING:
+                return True
+            activity.heartbeat(f"waiting for {workflow_id} to stop")
+            await asyncio.sleep(0.5)
+
     @activity.defn(name="temporal.running")
     async def running(self, workflow_ids: list[str]) -> list[str]:
         alive = []
@@ -72,5 +90,5 @@ class TemporalActivities:
         return (await self.client.count_workflows(query)).count
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.request_lease, self.release_lease, self.request_quota_sync, self.running,
+        return [self.request_lease, self.release_lease, self.request_quota_sync, self.stop_runbook, self.running,
                 self.count_remediations]

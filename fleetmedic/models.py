@@ -227,7 +227,7 @@ class Checkpoint(_Model):
 class ProviderRequest(_Model):
     cluster: str
     node: str
-    action: Literal["replace", "reboot", "rma"]
+    action: Literal["replace", "reboot", "rma", "prewarm"]
     reason: str
     idempotency_key: str  # the workflow ID + action: a retried request is the same request
     dry_run: bool = False

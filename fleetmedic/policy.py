@@ -281,6 +281,49 @@ class KueuePolicy(_Strict):
         return self.queues.get(queue, self.default)
 
 
+class TrafficPolicy(_Strict):
+    """traffic-flip and migrate-back: inference spills to external GPUs while training holds the cluster."""
+
+    # The virtual-kubelet node(s) in front of external GPU providers.
+    virtual_node_selector: str = "type=virtual-kubelet"
+    # Present: inference stays in-cluster; absent: new inference pods may land on the virtual node(s).
+    overflow_taint: str = "fleetmedic.io/overflow=closed:NoSchedule"
+    # Inference Deployments and their pods carry this label.
+    inference_selector: str = "fleetmedic.io/workload=inference"
+    # Each Deployment keeps at least this share of its replicas Ready (rounded up).
+    min_ready_fraction: float = Field(0.9, gt=0, le=1)
+    # Admitted Kueue Workloads at or above this priority are the training that takes the cluster.
+    training_priority: int = 1000
+    below_minimum_grace: Duration = Field(default_factory=lambda: _td(minutes=2))
+    watch_duration: Duration = Field(default_factory=lambda: _td(minutes=15))
+    prewarm: bool = False  # ask the provider (action prewarm) for external capacity before the flip
+    prewarm_timeout: Duration = Field(default_factory=lambda: _td(minutes=10))
+    batch_size: int = Field(5, ge=1, le=500)
+    batch_pause: Duration = Field(default_factory=lambda: _td(seconds=30))
+    batch_timeout: Duration = Field(default_factory=lambda: _td(minutes=5))
+    # Optional SLO gate between batches: a PromQL query (FLEETMEDIC_PROMETHEUS_URL) whose value must
+    # stay at or below slo_max, e.g. the 5xx ratio of the inference gateway.
+    slo_query: str = ""
+    slo_max: float = 0.01
+
+    @field_validator("overflow_taint")
+    @classmethod
+    def _no_execute_never(cls, value: str) -> str:
+        body, sep, effect = value.rpartition(":")
+        if not sep or not body or effect != "NoSchedule":
+            # NoExecute would evict every inference pod on the virtual node at once.
+            raise ValueError(f"'{value}' must be written key=value:NoSchedule (never NoExecute)")
+        return value
+
+    @field_validator("virtual_node_selector", "inference_selector")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        key, sep, val = value.partition("=")
+        if not sep or not key or not val:
+            raise ValueError(f"'{value}' must be written key=value")
+        return value
+
+
 class NotifyPolicy(_Strict):
     slack_channel: str | None = None  # FLEETMEDIC_SLACK_CHANNEL wins when set
 
@@ -303,6 +346,7 @@ class Policy(_Strict):
     retries: RetryPolicyConfig = RetryPolicyConfig()
     routing: RoutingPolicy = RoutingPolicy()
     kueue: KueuePolicy = KueuePolicy()
+    traffic: TrafficPolicy = TrafficPolicy()
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:

@@ -47,6 +47,8 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("FLEETMEDIC_AGENT_URL", "(none: validation is skipped)",
            "node agent URL template, e.g. http://{node}:9400"),
     EnvVar("FLEETMEDIC_AGENT_TOKEN", "(none)", "token for the node agent's reset endpoint"),
+    EnvVar("FLEETMEDIC_PROMETHEUS_URL", "(none: the SLO gate checks ready replicas only)",
+           "Prometheus for migrate-back's SLO query"),
     EnvVar("NODE_NAME", "(none: the agent refuses to start)", "agent: the node it runs on (downward API)"),
     EnvVar("FLEETMEDIC_AGENT_EXPECTED_GPUS", "(none: any count passes)",
            "agent: GPUs the node should have (metric and validation)"),
@@ -82,6 +84,7 @@ class Settings(BaseModel):
     provider_token: str | None = Field(None, repr=False)
     agent_url: str | None = None
     agent_token: str | None = Field(None, repr=False)
+    prometheus_url: str | None = None
     node_name: str | None = None
     agent_expected_gpus: int | None = Field(None, ge=0, le=64)
     infiniband_root: str = "/sys/class/infiniband"
@@ -111,6 +114,7 @@ class Settings(BaseModel):
             "provider_token": "FLEETMEDIC_PROVIDER_TOKEN",
             "agent_url": "FLEETMEDIC_AGENT_URL",
             "agent_token": "FLEETMEDIC_AGENT_TOKEN",
+            "prometheus_url": "FLEETMEDIC_PROMETHEUS_URL",
             "node_name": "NODE_NAME",
             "agent_expected_gpus": "FLEETMEDIC_AGENT_EXPECTED_GPUS",
             "infiniband_root": "FLEETMEDIC_INFINIBAND_ROOT",

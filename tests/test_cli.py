@@ -34,12 +34,6 @@ def test_run_needs_a_node() -> None:
     assert done.returncode == 2 and "--node" in done.stderr
 
 
-def test_run_of_an_unbuilt_runbook_says_so(temporal_env) -> None:  # type: ignore[no-untyped-def]
-    address = temporal_env.client.service_client.config.target_host
-    done = fleetmedic("run", "traffic-flip", "--node", "x", "--address", address)
-    assert done.returncode == 2 and "not implemented yet" in done.stderr
-
-
 async def test_run_starts_once_per_node_and_status_lists_it(client: Client, task_queue: str) -> None:
     # No worker polls this queue: the run stays open, as a runbook waiting for a worker would.
     address = client.service_client.config.target_host

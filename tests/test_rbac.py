@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # The test modules whose runs drive every adapter; with all of them in the session the recording
 # is complete and the role must not allow more than was used.
 ADAPTER_TESTS = {"test_xid_recovery", "test_hot_gpu_pull", "test_nvlink_fault_replace", "test_node_runbooks",
-                 "test_kubernetes_activities", "test_providers", "test_fleet_guard"}
+                 "test_kubernetes_activities", "test_providers", "test_fleet_guard", "test_kueue_quota_sync",
+                 "test_traffic"}
 
 
 def render(path: str) -> list[dict[str, Any]]:

@@ -98,6 +98,12 @@ def test_each_gpu_alert_routes_to_its_runbook() -> None:
     assert routed({"alertname": "FleetMedicGpuHot", "gpu": "2"}) == ("hot-gpu-pull", "hot-gpu-pull/default/gpu-1")
     assert routed({"alertname": "FleetMedicNvlinkErrors"})[0] == "nvlink-fault-replace"
     assert routed({"alertname": "FleetMedicNvlinkDown"})[0] == "nvlink-fault-replace"
+    assert routed({"alertname": "FleetMedicTrainingStarted"}) == ("traffic-flip", "traffic-flip/default")
+    assert routed({"alertname": "FleetMedicTrainingFinished"}) == ("migrate-back", "migrate-back/default")
+    # A route to a runbook this worker version does not run is answered, never started into a void.
+    older = route(Alert(status="firing", labels={"alertname": "FleetMedicGpuHot", "node": "gpu-1"}),
+                  RoutingPolicy(), frozenset({"xid-recovery"}))
+    assert not isinstance(older, Routed) and "hot-gpu-pull is not available" in older.reason
 
 
 async def test_unroutable_alerts_are_answered_ignored_with_a_reason(webhook: Any, client: Client,
@@ -105,17 +111,17 @@ async def test_unroutable_alerts_are_answered_ignored_with_a_reason(webhook: Any
     _, http = webhook
     no_node = xid_alert("x", task_queue)
     del no_node["labels"]["node"]
-    not_built = {**xid_alert("gpu-1", task_queue), "labels": {"alertname": "FleetMedicTrainingStarted",
-                                                               "cluster": task_queue}}
+    no_xid = {**xid_alert("gpu-1", task_queue), "labels": {"alertname": "FleetMedicGpuXid", "node": "gpu-1",
+                                                            "cluster": task_queue}}
     unknown = {**xid_alert("gpu-1", task_queue), "labels": {"alertname": "DiskFull", "node": "gpu-1"}}
     resolved_alone = xid_alert("gpu-2", task_queue, status="resolved")
     bad_gpu = xid_alert("gpu-3", task_queue, gpu=999)
     answer = await http.post("/v1/alerts/alertmanager",
-                             json=payload(no_node, not_built, unknown, resolved_alone, bad_gpu))
+                             json=payload(no_node, no_xid, unknown, resolved_alone, bad_gpu))
     reasons = [(a["action"], a["reason"]) for a in answer.json()["alerts"]]
     assert [a for a, _ in reasons] == ["ignored"] * 5
     assert "no node label" in reasons[0][1]
-    assert "traffic-flip is not available" in reasons[1][1]
+    assert "no XID label" in reasons[1][1]
     assert "no route for alertname 'DiskFull'" in reasons[2][1]
     assert "no runbook is running" in reasons[3][1]
     assert reasons[4][1].startswith("gpu:")

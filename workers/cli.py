@@ -22,8 +22,7 @@ from fleetmedic.models import Approval, GuardState, NodeRunbookInput, Operator, 
 from fleetmedic.policy import PolicyError, load_policy
 from fleetmedic.quota import QuotaSyncInput
 from fleetmedic.settings import Settings, SettingsError
-
-RUNNABLE = {*NODE_RUNBOOKS, "kueue-quota-sync"}  # runbooks this build can start; the others' issues are open
+from fleetmedic.traffic import TrafficInput
 
 
 def parser() -> argparse.ArgumentParser:
@@ -197,12 +196,11 @@ async def client_command(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def run_command(client: Client, args: argparse.Namespace, settings: Settings) -> int:
-    if args.runbook not in RUNNABLE:
-        print(f"fleetmedic run {args.runbook}: not implemented yet (its issue is still open).", file=sys.stderr)
-        return 2
     cluster = args.cluster or settings.cluster
     if args.runbook == "kueue-quota-sync":
         return await quota_sync_command(client, args, settings, cluster)
+    if args.runbook in ("traffic-flip", "migrate-back"):
+        return await traffic_command(client, args, settings, cluster)
     runbook_input = NodeRunbookInput(cluster=cluster, node=args.node, gpu=args.gpu, xid=args.xid,
                                      temperature_c=args.temperature, dry_run=args.dry_run, requested_by=args.by)
     workflow_id = node_workflow_id(args.runbook, cluster, args.node)
@@ -233,6 +231,21 @@ async def quota_sync_command(client: Client, args: argparse.Namespace, settings:
             if decision.step == "compare":
                 print(f"  {decision.result}")
         print(f"outcome: {report.outcome}")
+    return 0
+
+
+async def traffic_command(client: Client, args: argparse.Namespace, settings: Settings, cluster: str) -> int:
+    """traffic-flip/<cluster> or migrate-back/<cluster>; a second start attaches to the running one."""
+    workflow_id = cluster_workflow_id(args.runbook, cluster)
+    handle = await client.start_workflow(
+        args.runbook, TrafficInput(cluster=cluster, dry_run=args.dry_run, requested_by=args.by), id=workflow_id,
+        task_queue=settings.task_queue, result_type=RunbookStatus,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        search_attributes=start_attributes(args.runbook, cluster, dry_run=args.dry_run))
+    print(f"{workflow_id} (run {handle.result_run_id}): started{' in shadow mode' if args.dry_run else ''}")
+    if args.wait:
+        report = await handle.result()
+        print(f"outcome: {report.outcome}: {report.decisions[-1].result if report.decisions else ''}")
     return 0
 
 

@@ -34,6 +34,7 @@ from activities.slack import SlackActivities
 from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
 from activities.storage import StorageActivities
 from activities.temporal import TemporalActivities
+from activities.traffic import TrafficActivities
 from fleetmedic.models import RunContext
 from fleetmedic.policy import Policy, load_policy
 from fleetmedic.settings import Settings
@@ -73,6 +74,7 @@ def build_activities(settings: Settings, policy: Policy, client: Client,
         ConfigActivities(policy, context, force_dry_run=dry),
         kubernetes,
         KueueActivities(kubernetes),
+        TrafficActivities(kubernetes, settings.prometheus_url),
         slurm,
         StorageActivities(policy.storage),
         ProviderActivities(provider, force_dry_run=dry),

@@ -74,7 +74,11 @@ class KueueQuotaSync(Runbook):
             return self.status()
         held = [c for c in self.changed if c.needs_approval and c.new > c.target]
         applied = [c for c in self.changed if c.new != c.current]
-        self.finish("held" if held else "synced" if applied else "in-sync")
+        outcome = "held" if held else "synced" if applied else "in-sync"
+        if self.thread_task is not None:  # a change was posted: close the thread with the outcome
+            await self.say(f"*{outcome}*" + (f": held by admitted workloads: {', '.join(c.queue for c in held)}"
+                                             if held else ""))
+        self.finish(outcome)
         return self.status()
 
     async def load(self) -> Policy:

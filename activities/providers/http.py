@@ -15,7 +15,7 @@ from fleetmedic.models import ProviderRequest, ProviderResult
 
 class HttpProvider:
     name = "http"
-    supports = frozenset({"replace", "reboot", "rma"})
+    supports = frozenset({"replace", "reboot", "rma", "prewarm"})
 
     def __init__(self, url: str, token: str | None, timeout_s: float) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}

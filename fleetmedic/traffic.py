@@ -1,0 +1,159 @@
+"""Traffic runbooks, the pure part: what traffic-flip and migrate-back read and decide.
+
+One cluster runs training and production inference; training always wins. When admitted
+training leaves inference short of in-cluster GPUs, traffic-flip opens the virtual-kubelet node(s)
+(removes the overflow taint) so inference spills to external GPU providers; when the GPUs are
+free again, migrate-back closes them (NoSchedule, never NoExecute) and brings pods home in
+batches without ever dropping below each Deployment's minimum of ready replicas.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleetmedic.models import Alert
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class TrafficInput(_Model):
+    """Starts traffic-flip/<cluster> or migrate-back/<cluster> (the webhook sends the node
+    runbooks' shape; the node fields are ignored)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    cluster: str = Field(min_length=1)
+    dry_run: bool = False
+    requested_by: str = "alertmanager"
+    alert: Alert | None = None
+
+
+class InferenceDeployment(_Model):
+    namespace: str
+    name: str
+    replicas: int
+    ready: int  # ready pods selected by the Deployment, wherever they run
+    ready_in_cluster: int = 0
+    gpus_per_pod: int = 0
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class InferencePod(_Model):
+    namespace: str
+    name: str
+    node: str = ""
+    on_virtual: bool = False
+    ready: bool = False
+    gpus: int = 0
+    deployment: str = ""  # namespace/name of the owning Deployment, when known
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class TrainingWorkload(_Model):
+    namespace: str
+    name: str
+    priority: int
+    gpus: int
+
+
+class TrafficSnapshot(_Model):
+    virtual_nodes: list[str] = Field(default_factory=list)
+    virtual_open: list[str] = Field(default_factory=list)  # virtual nodes without the overflow taint
+    virtual_gpus: int = 0  # what the external providers offer right now
+    cluster_gpus: int = 0  # allocatable GPUs of Ready, schedulable in-cluster GPU nodes
+    used_gpus: int = 0  # GPUs requested by running pods on those nodes
+    deployments: list[InferenceDeployment] = Field(default_factory=list)
+    pods: list[InferencePod] = Field(default_factory=list)
+    training: list[TrainingWorkload] = Field(default_factory=list)  # admitted, at or above the priority
+
+    @property
+    def free_gpus(self) -> int:
+        return max(0, self.cluster_gpus - self.used_gpus)
+
+    @property
+    def training_gpus(self) -> int:
+        return sum(w.gpus for w in self.training)
+
+    @property
+    def inference_gpus(self) -> int:
+        """GPUs all inference replicas need."""
+        return sum(d.replicas * d.gpus_per_pod for d in self.deployments)
+
+    @property
+    def on_virtual(self) -> list[InferencePod]:
+        return [p for p in self.pods if p.on_virtual]
+
+    def below_minimum(self, min_fraction: float) -> list[str]:
+        return [f"{d.ref} {d.ready}/{minimum_ready(d.replicas, min_fraction)}" for d in self.deployments
+                if d.ready < minimum_ready(d.replicas, min_fraction)]
+
+
+def minimum_ready(replicas: int, fraction: float) -> int:
+    return math.ceil(replicas * fraction)
+
+
+def flip_needed(snapshot: TrafficSnapshot) -> tuple[bool, str]:
+    """Training admitted and what is left of the cluster cannot hold inference."""
+    if not snapshot.training:
+        return False, "no admitted training at or above the priority"
+    left = snapshot.cluster_gpus - snapshot.training_gpus
+    need = snapshot.inference_gpus
+    names = ", ".join(f"{w.namespace}/{w.name} ({w.gpus} GPUs)" for w in snapshot.training)
+    if left >= need:
+        return False, f"training {names} leaves {left} GPUs, enough for inference's {need}"
+    return True, f"training {names} leaves {left} of {snapshot.cluster_gpus} GPUs; inference needs {need}"
+
+
+def home_free(snapshot: TrafficSnapshot) -> tuple[bool, str]:
+    """GPUs free in-cluster for every inference pod now on a virtual node, and no training to take them."""
+    away = snapshot.on_virtual
+    need = sum(p.gpus for p in away)
+    if snapshot.training:
+        names = ", ".join(f"{w.namespace}/{w.name}" for w in snapshot.training)
+        return False, f"admitted training still holds the GPUs: {names}"
+    if snapshot.free_gpus < need:
+        return False, f"{snapshot.free_gpus} GPUs free in-cluster, {len(away)} pod(s) away need {need}"
+    return True, f"{snapshot.free_gpus} GPUs free in-cluster for {len(away)} pod(s) away ({need} GPUs)"
+
+
+class EvictPods(_Model):
+    pods: list[str]  # namespace/name
+    deadline_s: float
+    dry_run: bool = False
+
+
+class WaitHome(_Model):
+    """Until `in_cluster_ready` selected pods are Ready on in-cluster nodes (or `timeout_s`)."""
+
+    in_cluster_ready: int
+    min_fraction: float
+    timeout_s: float
+
+
+class HomeReport(_Model):
+    done: bool
+    in_cluster_ready: int
+    min_ready_ratio: float  # the lowest ready/minimum seen while waiting (>= 1: never below)
+    below_minimum: list[str] = Field(default_factory=list)  # at the end
+
+
+class SloCheck(_Model):
+    query: str
+    max_value: float
+
+
+class SloResult(_Model):
+    available: bool
+    passed: bool = True
+    value: float | None = None
+    detail: str = ""

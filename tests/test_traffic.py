@@ -1,0 +1,262 @@
+"""traffic-flip and migrate-back end to end: the real Temporal dev server, the Kubernetes emulator
+with a controller that recreates evicted pods and schedules them like a ReplicaSet and the
+scheduler would (workers/devstack/replicas.py), inference behind a PodDisruptionBudget."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy
+
+from fleetmedic.ids import cluster_workflow_id
+from fleetmedic.models import EscalationAnswer, RunbookStatus
+from fleetmedic.policy import Policy
+from fleetmedic.traffic import TrafficInput
+from tests.harness import quick_policy, settings_for, worker_for
+from tests.runbook_stack import status_when
+from workers.devstack import fleet
+from workers.devstack.kube_emulator import KubeEmulatorThread
+from workers.devstack.replicas import deployment, replica_controller, virtual_node
+from workers.devstack.standins import SlackStandIn
+
+REPLICAS, MINIMUM = 40, 36  # min_ready_fraction 0.9
+HOME_NODES = [f"gpu-{i}" for i in range(5)]  # 5 × 8 GPUs: exactly inference's 40
+
+
+@dataclass
+class Sampler:
+    """Watches the fleet every 20 ms: the fewest ready inference pods ever, and every taint the
+    virtual node ever carried."""
+
+    kube: KubeEmulatorThread
+    min_ready: int = 10**9
+    effects: set[str] = field(default_factory=set)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def ready(self) -> int:
+        return sum(1 for p in self.kube.emulator.list("v1", "Pod", "inference")
+                   if p["status"]["conditions"][0]["status"] == "True")
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.min_ready = min(self.min_ready, self.ready())
+            node = self.kube.emulator.get("v1", "Node", "virtual-gpu")
+            for taint in (node or {}).get("spec", {}).get("taints") or []:
+                if taint["key"] == "fleetmedic.io/overflow":
+                    self.effects.add(taint["effect"])
+            time.sleep(0.02)
+
+
+@dataclass
+class World:
+    client: Client
+    task_queue: str
+    kube: KubeEmulatorThread
+    slack: SlackStandIn
+    tmp_path: Path
+
+    def policy(self, **traffic: Any) -> Policy:
+        values = {"watch_duration": "3s", "below_minimum_grace": "2s", "batch_size": 5, "batch_pause": "0s",
+                  "batch_timeout": "30s", "min_ready_fraction": 0.9, **traffic}
+        return quick_policy(self.tmp_path, traffic=values)
+
+    def on(self, where: str) -> list[dict[str, Any]]:
+        pods = self.kube.emulator.list("v1", "Pod", "inference")
+        if where == "virtual":
+            return [p for p in pods if p["spec"].get("nodeName") == "virtual-gpu"]
+        return [p for p in pods if p["spec"].get("nodeName") in HOME_NODES]
+
+    def wait(self, predicate: Any, timeout: float = 60, what: str = "") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"not in time: {what}")
+
+    def all_home_ready(self, where: str) -> bool:
+        pods = self.on(where)
+        return len(pods) == REPLICAS and all(p["status"]["conditions"][0]["status"] == "True" for p in pods)
+
+    def overflow(self) -> list[dict[str, Any]]:
+        node = self.kube.emulator.get("v1", "Node", "virtual-gpu")
+        assert node is not None
+        return [t for t in node["spec"].get("taints") or [] if t["key"] == "fleetmedic.io/overflow"]
+
+    def admit_training(self, nodes: list[str]) -> None:
+        """Kueue admits a high-priority training job; its pods take `nodes` (the scheduler preempts
+        inference there through evictions, PDB honoured)."""
+        self.kube.emulator.put(fleet.workload("pretrain", "training", "h100", 8 * len(nodes), priority=1000))
+        for name in nodes:
+            self.kube.emulator.put(fleet.pod(f"pretrain-{name}", name, namespace="training", owner_kind="Job",
+                                             gpus=8))
+        api = k8s.CoreV1Api(k8s_config.new_client_from_config(str(self.kube.kubeconfig)))  # type: ignore[attr-defined]
+        for pod in [p for p in self.kube.emulator.list("v1", "Pod", "inference") if p["spec"].get("nodeName") in nodes]:
+            body = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=pod["metadata"]["name"], namespace="inference"))
+            while True:
+                try:
+                    api.create_namespaced_pod_eviction(pod["metadata"]["name"], "inference", body)
+                    break
+                except k8s.ApiException as exc:
+                    if exc.status != 429:
+                        raise
+                    time.sleep(0.1)
+
+    async def start(self, runbook: str, dry_run: bool = False) -> WorkflowHandle[Any, RunbookStatus]:
+        return await self.client.start_workflow(
+            runbook, TrafficInput(cluster=self.task_queue, dry_run=dry_run, requested_by="test"),
+            id=cluster_workflow_id(runbook, self.task_queue), task_queue=self.task_queue, result_type=RunbookStatus,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
+
+
+@pytest.fixture
+def world(client: Client, task_queue: str, kube: KubeEmulatorThread, slack: SlackStandIn,
+          tmp_path: Path) -> Iterator[World]:
+    for name in HOME_NODES:
+        kube.emulator.put(fleet.node(name))
+    kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"}, min_available=MINIMUM))
+    yield World(client, task_queue, kube, slack, tmp_path)
+
+
+@pytest.fixture
+def sampler(kube: KubeEmulatorThread) -> Iterator[Sampler]:
+    s = Sampler(kube)
+    yield s
+    s.stop.set()
+
+
+def start_sampling(s: Sampler) -> None:
+    threading.Thread(target=s.run, daemon=True).start()
+
+
+def fill_home_with_training(world: World) -> None:
+    """Training holds every home GPU (so inference, when it starts, lands on the open virtual node)."""
+    for name in HOME_NODES:
+        world.kube.emulator.put(fleet.pod(f"old-train-{name}", name, namespace="training", owner_kind="Job", gpus=8))
+
+
+def training_finishes(world: World) -> None:
+    world.wait(lambda: world.all_home_ready("virtual"), what="inference placed away")
+    for name in HOME_NODES:
+        world.kube.emulator.remove("v1", "Pod", f"old-train-{name}", "training")
+
+
+def settings(world: World) -> Any:
+    return settings_for(world.task_queue, world.kube, slack=world.slack)
+
+
+async def test_training_admitted_opens_the_virtual_node_and_inference_moves_without_dropping(
+        world: World, sampler: Sampler) -> None:
+    world.kube.emulator.put(virtual_node(overflow_closed=True))
+    world.kube.emulator.put(deployment("serve", REPLICAS))
+    with replica_controller(world.kube):
+        world.wait(lambda: world.all_home_ready("home"), what="inference starts at home")
+        start_sampling(sampler)
+        async with worker_for(world.client, settings(world), world.policy()):
+            world.kube.emulator.put(fleet.workload("pretrain", "training", "h100", 32, priority=1000))
+            handle = await world.start("traffic-flip")
+            again = await world.start("traffic-flip")  # a duplicate trigger attaches to the same run
+            assert again.result_run_id == handle.result_run_id
+            await status_when(handle, lambda s: s.step == "watch inference")
+            assert world.overflow() == []
+            await asyncio.to_thread(world.admit_training, HOME_NODES[:4])
+            await asyncio.to_thread(world.wait, lambda: len(world.on("virtual")) == 32 and sampler.ready() == REPLICAS,
+                                    60, "inference re-homed on the virtual node")
+            report = await asyncio.wait_for(handle.result(), 60)
+    assert report.outcome == "flipped", report.decisions
+    assert any("training training/pretrain (32 GPUs) leaves 8 of 40 GPUs; inference needs 40" in d.result
+               for d in report.decisions)
+    assert sampler.min_ready >= MINIMUM, sampler.min_ready
+    assert any("remove taint fleetmedic.io/overflow=closed:NoSchedule on node virtual-gpu" in a for a in report.actions)
+
+
+async def test_training_finished_forty_pods_come_home_in_batches_never_below_the_minimum(
+        world: World, sampler: Sampler) -> None:
+    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    world.kube.emulator.put(deployment("serve", REPLICAS))
+    fill_home_with_training(world)
+    with replica_controller(world.kube):
+        training_finishes(world)
+        start_sampling(sampler)
+        async with worker_for(world.client, settings(world), world.policy(batch_size=5)):
+            report = await asyncio.wait_for((await world.start("migrate-back")).result(), 120)
+        world.wait(lambda: world.all_home_ready("home"), what="all home and ready")
+    assert report.outcome == "migrated", report.decisions
+    assert world.on("virtual") == []
+    assert sampler.min_ready >= MINIMUM, sampler.min_ready
+    assert sampler.effects == {"NoSchedule"}  # closed again, and never with NoExecute
+    batches = [d for d in report.decisions if d.step == "move a batch home" and d.result.startswith("evicted")]
+    assert len(batches) >= REPLICAS // 5
+    assert any("40 pod(s) home" in d.result and "never below the minimum" in d.result for d in report.decisions)
+
+
+async def test_training_again_mid_migration_stops_it_within_a_batch_and_the_flip_runs(world: World) -> None:
+    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    world.kube.emulator.put(deployment("serve", REPLICAS))
+    fill_home_with_training(world)
+    with replica_controller(world.kube):
+        training_finishes(world)
+        async with worker_for(world.client, settings(world), world.policy(batch_size=5, batch_pause="1s")):
+            migrate = await world.start("migrate-back")
+            await status_when(migrate, lambda s: sum(d.result.startswith("evicted") for d in s.decisions) >= 2)
+            world.kube.emulator.put(fleet.workload("pretrain", "training", "h100", 32, priority=1000))
+            flip = await world.start("traffic-flip")
+            migrated = await asyncio.wait_for(migrate.result(), 60)
+            flipped = await asyncio.wait_for(flip.result(), 60)
+        # No pod is left without a home: every replica runs somewhere and is Ready.
+        world.wait(lambda: sum(1 for p in world.kube.emulator.list("v1", "Pod", "inference")
+                               if p["spec"].get("nodeName") and p["status"]["conditions"][0]["status"] == "True")
+                   == REPLICAS, what="every replica has a home")
+    assert migrated.outcome == "stopped", migrated.decisions
+    stop_at = next(d.at for d in flipped.decisions if d.step == "stop migrate-back")
+    after_stop = [d for d in migrated.decisions if d.result.startswith("evicted") and d.at > stop_at]
+    assert len(after_stop) <= 1  # within one batch
+    assert world.overflow() == []  # open again: inference may spill out while training runs
+    assert flipped.outcome == "flipped"
+    opened = next(d.at for d in flipped.decisions if d.step == "open the virtual node")
+    assert opened >= migrated.decisions[-1].at  # never acting at the same time
+
+
+async def test_a_failed_slo_gate_pauses_the_migration_and_escalates(world: World) -> None:
+    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    world.kube.emulator.put(deployment("serve", REPLICAS))
+    # The service's owners froze it: its PDB allows no disruption at all.
+    world.kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
+                                      min_available=REPLICAS))
+    fill_home_with_training(world)
+    with replica_controller(world.kube):
+        training_finishes(world)
+        async with worker_for(world.client, settings(world), world.policy(batch_timeout="3s")):
+            migrate = await world.start("migrate-back")
+            status = await status_when(migrate, lambda s: s.escalation is not None)
+            assert status.escalation is not None and status.escalation.step == "SLO gate"
+            assert "could not evict 5 pod(s)" in status.escalation.error and "PodDisruptionBudget" in \
+                status.escalation.error and "paused" in status.escalation.error
+            await migrate.signal("answer", EscalationAnswer(action="abort", by="sre", reason="service frozen"))
+            report = await asyncio.wait_for(migrate.result(), 60)
+    assert report.outcome == "aborted"
+    assert any("@oncall" in m["text"] and "SLO gate" in m["text"] for m in world.slack.messages)
+    assert len(world.on("virtual")) == REPLICAS  # nobody was moved
+
+
+async def test_nothing_to_do_is_recorded_without_touching_anything(world: World) -> None:
+    world.kube.emulator.put(virtual_node(overflow_closed=True))
+    world.kube.emulator.put(deployment("serve", REPLICAS))
+    with replica_controller(world.kube):
+        world.wait(lambda: world.all_home_ready("home"), what="inference at home")
+        async with worker_for(world.client, settings(world), world.policy()):
+            flip = await asyncio.wait_for((await world.start("traffic-flip")).result(), 60)
+            back = await asyncio.wait_for((await world.start("migrate-back")).result(), 60)
+    assert flip.outcome == "not-needed" and "no admitted training" in flip.decisions[-1].result
+    assert back.outcome == "nothing-to-move"
+    assert [m for m in world.kube.emulator.mutations() if "/nodes/" in m.url.path] == []

@@ -1,0 +1,138 @@
+"""migrate-back/<cluster>: training finished, inference comes home slowly so production never
+notices — and no money is spent on rented GPUs once home has room.
+
+1. confirm: GPUs free in-cluster for every pod away, and no admitted training to take them;
+2. stop a running traffic-flip and wait for it (the two never act together);
+3. close the virtual node(s): the overflow taint back as NoSchedule — never NoExecute, which
+   would evict everything at once;
+4. in batches (policy size and pacing): evict a batch from the virtual node (PDBs honoured), wait
+   until the replacements are Ready in-cluster, check the SLO gate (ready replicas at or above
+   the minimum; the policy's Prometheus query when it names one), then the next batch;
+5. stop at once — taint off again, pods where they are — when training takes the GPUs again or
+   traffic-flip starts; wait when paused; a failed SLO gate pauses and escalates;
+6. record: pods moved, time taken, the lowest ready/minimum ratio seen.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+
+from workflows.runbook import RunbookAborted
+from workflows.traffic_steps import Stopped, TrafficRunbook
+
+with workflow.unsafe.imports_passed_through():
+    from fleetmedic.models import EvictionReport, RunbookStatus
+    from fleetmedic.traffic import EvictPods, HomeReport, SloCheck, SloResult, WaitHome, home_free
+
+
+@workflow.defn(name="migrate-back")
+class MigrateBack(TrafficRunbook):
+    runbook = "migrate-back"
+    other = "traffic-flip"
+
+    @workflow.init
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self._init_run(raw)
+        self.moved = 0
+        self.lowest = float("inf")
+
+    @workflow.run
+    async def run(self, raw: dict[str, Any]) -> RunbookStatus:
+        self.check_input()
+        await self.load()
+        self.enter("confirm")
+        snap = await self.snapshot("confirm")
+        nodes = snap.virtual_nodes
+        if not snap.on_virtual and not snap.virtual_open:
+            return await self.record("nothing-to-move", "no inference pod is away and the virtual node is closed", [])
+        ready, why = home_free(snap)
+        self.decide("confirm", why)
+        if not ready:
+            return await self.record("not-yet", why, [])
+        self.open_thread(f":house: training is done on `{self.cluster}`: {len(snap.on_virtual)} inference pod(s) "
+                         "come home in batches.")
+        started = workflow.now()
+        try:
+            await self.stop_other()
+            await self.hold_while_paused("close the virtual node")
+            await self.set_overflow(nodes, closed=True, step="close the virtual node")
+            await self.move_home()
+        except Stopped as stopped:
+            await self.set_overflow(nodes, closed=False, step="reopen the virtual node")
+            return await self.record("stopped", f"stopped after {self.moved} pod(s): {stopped.why}; the virtual node "
+                                                "is open again and pods stay where they are", nodes, warning=True)
+        except RunbookAborted as aborted:
+            return await self.record("aborted", f"aborted by {aborted.by} after {self.moved} pod(s): "
+                                                f"{aborted.reason}", nodes, warning=True)
+        took = workflow.now() - started
+        lowest = "never below" if self.lowest >= 1 else f"{self.lowest:.0%} of"
+        workflow.metric_meter().with_additional_attributes({"cluster": self.cluster}).create_histogram_timedelta(
+            "fleetmedic_traffic_migrate_back_duration", "time to bring inference home").record(took)
+        return await self.record("migrated", f"{self.moved} pod(s) home in {took}; ready replicas {lowest} "
+                                             f"the minimum", nodes)
+
+    async def move_home(self) -> None:
+        traffic = self.traffic
+        while True:
+            await self.hold_while_paused("move a batch home")
+            snap = await self.snapshot("move a batch home")
+            if snap.training:
+                raise Stopped("training took the GPUs again: "
+                              + ", ".join(f"{w.namespace}/{w.name}" for w in snap.training))
+            away = sorted(snap.on_virtual, key=lambda p: (p.deployment, p.name))
+            if not away:
+                return
+            batch = away[:traffic.batch_size]
+            home_before = sum(d.ready_in_cluster for d in snap.deployments)
+            report = await self.call("move a batch home", "traffic.evict", EvictPods(
+                pods=[p.ref for p in batch], deadline_s=traffic.batch_timeout.total_seconds(),
+                dry_run=self.dry_run), EvictionReport, timeout=traffic.batch_timeout + timedelta(minutes=1),
+                heartbeat=self.call_timeout())
+            if report is None:
+                continue
+            self.decide("move a batch home", ("would evict " if report.dry_run else "evicted ")
+                        + ", ".join(report.evicted) + (f"; not yet: {', '.join(p.pod for p in report.failed)}"
+                                                       if report.failed else ""))
+            if self.dry_run:
+                self.moved += len(batch)
+                if len(away) <= traffic.batch_size:
+                    return
+                continue
+            home = await self.call("wait for replacements", "traffic.wait_home", WaitHome(
+                in_cluster_ready=home_before + len(report.evicted), min_fraction=traffic.min_ready_fraction,
+                timeout_s=traffic.batch_timeout.total_seconds()), HomeReport,
+                timeout=traffic.batch_timeout + timedelta(minutes=1), heartbeat=self.call_timeout())
+            if home is not None:
+                self.lowest = min(self.lowest, home.min_ready_ratio)
+            self.moved += len(report.evicted)
+            await self.slo_gate(home, report)
+            await workflow.sleep(traffic.batch_pause, summary="pace between batches")
+
+    async def slo_gate(self, home: HomeReport | None, report: EvictionReport) -> None:
+        """Every pod of the batch left, replacements Ready at home with every Deployment at its minimum,
+        the policy's query within bounds; else the migration pauses here and escalates."""
+        traffic = self.traffic
+        failures = []
+        if report.failed:
+            failures.append(f"could not evict {len(report.failed)} pod(s) within {traffic.batch_timeout}: "
+                            + ", ".join(f"{p.pod} ({p.reason})" for p in report.failed[:5]))
+        if home is not None and not home.done:
+            failures.append("replacements not Ready in-cluster within "
+                            f"{traffic.batch_timeout}" + (f"; below minimum: {', '.join(home.below_minimum)}"
+                                                          if home.below_minimum else ""))
+        if traffic.slo_query:
+            slo = await self.call("SLO gate", "traffic.slo", SloCheck(query=traffic.slo_query,
+                                                                       max_value=traffic.slo_max), SloResult)
+            if slo is not None and slo.available and not slo.passed:
+                failures.append(f"SLO: {slo.detail}")
+            elif slo is not None:
+                self.decide("SLO gate", slo.detail or "passed")
+        if not failures:
+            return
+        self.enter("SLO gate")
+        answer = await self.escalate("SLO gate", "; ".join(failures) + " — the migration is paused")
+        if answer.action == "abort":
+            raise RunbookAborted(answer.by, answer.reason or "SLO gate failed")

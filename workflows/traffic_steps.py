@@ -1,0 +1,125 @@
+"""What traffic-flip and migrate-back share: their input, the cluster snapshot, the overflow
+taint on the virtual-kubelet node(s), stopping the other runbook, and recording the outcome.
+
+The two never act at the same time: each asks the other to stop and waits until it has closed
+before it changes anything.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+from workflows.runbook import Runbook
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    from fleetmedic import ids
+    from fleetmedic.models import ActionResult, EventRequest, Operator, RunbookStatus, Taint, TaintRequest
+    from fleetmedic.policy import Policy
+    from fleetmedic.traffic import TrafficInput, TrafficSnapshot
+
+
+class Stopped(Exception):
+    """The other traffic runbook (or an operator) asked this one to stop."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+class TrafficRunbook(Runbook):
+    other = ""  # the runbook this one must never act together with
+
+    def _init_run(self, raw: dict[str, Any]) -> None:
+        try:
+            input = TrafficInput.model_validate(raw)
+            self.invalid: str | None = None
+        except ValidationError as exc:
+            self.invalid = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
+            input = TrafficInput(cluster=str(raw.get("cluster") or "?") if isinstance(raw, dict) else "?")
+        self._init_state(input.cluster, "", workflow.info().workflow_id, input.dry_run)
+        self.input = input
+        self.stop_request: Operator | None = None
+        if input.alert is not None:
+            self.alerts.append(input.alert)
+
+    @workflow.signal
+    def stop(self, operator: Operator) -> None:
+        """The other traffic runbook starts (or an operator): stop before the next change."""
+        self.stop_request = operator
+
+    def check_input(self) -> None:
+        if self.invalid is not None:
+            raise ApplicationError(f"invalid {self.runbook} input: {self.invalid}", type="InvalidInput",
+                                   non_retryable=True)
+
+    @property
+    def traffic(self) -> Any:
+        assert self.policy is not None
+        return self.policy.traffic
+
+    async def load(self) -> Policy:
+        self.enter("load policy")
+        self.policy = Policy.model_validate(await workflow.execute_local_activity(
+            "config.policy", result_type=Policy, start_to_close_timeout=timedelta(seconds=10)))
+        if self.policy.shadow.enabled_for(self.runbook) and not self.dry_run:
+            self.dry_run = True
+            self.decide("load policy", f"shadow mode for {self.runbook} (policy): nothing will be changed")
+        workflow.upsert_search_attributes([ids.FLEET_RUNBOOK.value_set(self.runbook),
+                                           ids.FLEET_CLUSTER.value_set(self.cluster),
+                                           ids.FLEET_DRY_RUN.value_set(self.dry_run)])
+        return self.policy
+
+    async def snapshot(self, step: str) -> TrafficSnapshot:
+        snap = await self.call(step, "traffic.snapshot", [], TrafficSnapshot, spread=True)
+        assert snap is not None, "an operator skipped the cluster read"
+        return snap
+
+    async def hold_while_paused(self, step: str) -> None:
+        while self.paused is not None:
+            await self.wait(f"resume (paused by {self.paused.by}: {self.paused.reason})", lambda: self.paused is None)
+        if self.stop_request is not None:
+            raise Stopped(f"{self.stop_request.by}: {self.stop_request.reason}")
+        self.enter(step)
+
+    async def stop_other(self) -> None:
+        """Ask the other traffic runbook to stop, and wait until it has closed."""
+        self.enter(f"stop {self.other}")
+        other_id = ids.cluster_workflow_id(self.other, self.cluster)
+        stopped = await self.call(f"stop {self.other}", "traffic.stop_runbook",
+                                  [other_id, Operator(by=self.workflow_id, reason=f"{self.runbook} starts")], bool,
+                                  spread=True, timeout=timedelta(minutes=15), heartbeat=self.call_timeout())
+        if stopped:
+            self.decide(f"stop {self.other}", f"{other_id} stopped: it never acts together with {self.runbook}")
+
+    async def set_overflow(self, nodes: list[str], closed: bool, step: str) -> None:
+        """Overflow taint on (closed: inference stays home) or off (open: it may spill out)."""
+        taint = Taint.parse(self.traffic.overflow_taint)
+        activity = "k8s.add_taint" if closed else "k8s.remove_taint"
+        for node in nodes:
+            await self.act(step, activity, TaintRequest(node=node, taint=taint, dry_run=self.dry_run))
+
+    async def record(self, outcome: str, message: str, nodes: list[str], warning: bool = False) -> RunbookStatus:
+        self.enter("record outcome")
+        for node in nodes[:1]:  # the virtual node carries the story, as a drained node does for node runbooks
+            try:
+                await self.call("record outcome", "k8s.record_event", EventRequest(
+                    name=node, reason=f"FleetMedic{outcome.title().replace('-', '')}",
+                    message=f"{self.runbook} ({self.workflow_id}): {message}",
+                    type="Warning" if warning else "Normal", dry_run=self.dry_run), ActionResult, escalate=False)
+            except ActivityError:
+                workflow.logger.warning("could not record the outcome Event; the history still has it")
+        if self.thread_task is not None:
+            await self.say(f"*{outcome}*: " + ("shadow run: " if self.dry_run else "") + message)
+        self.decide("record outcome", f"{outcome}: {message}")
+        workflow.metric_meter().with_additional_attributes(
+            {"runbook": self.runbook, "cluster": self.cluster, "outcome": outcome, "dry_run": str(self.dry_run)}
+        ).create_counter("fleetmedic_runbooks_finished", "runbooks finished, by outcome").add(1)
+        self.finish(outcome)
+        return self.status()
+
