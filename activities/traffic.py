@@ -4,6 +4,7 @@ batch of inference pods and waiting until their replacements are Ready at home."
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +14,7 @@ from kubernetes import client
 from kubernetes.utils import parse_quantity
 from temporalio import activity
 
-from activities.kubernetes import KubernetesActivities, api_errors, pod_info
+from activities.kubernetes import KubernetesActivities, api_errors
 from activities.kueue import GROUP, VERSION
 from fleetmedic.models import EvictionReport, PodProblem, Taint
 from fleetmedic.policy import TrafficPolicy
@@ -47,69 +48,83 @@ class TrafficActivities:
     def snapshot(self) -> TrafficSnapshot:
         return self.read()
 
-    def read(self) -> TrafficSnapshot:
+    def _raw(self, what: str, call: Callable[..., Any], **kwargs: Any) -> list[dict[str, Any]]:
+        """A list call as plain JSON: the client's model objects cost milliseconds per pod, and these
+        lists are read every poll."""
+        with api_errors(what):
+            response = call(_preload_content=False, _request_timeout=self.k8s.timeout, **kwargs)
+        return list(json.loads(response.data).get("items") or [])
+
+    def read(self, light: bool = False) -> TrafficSnapshot:
+        """`light`: only inference pods (no GPU accounting, no training) — enough to count replicas."""
         policy, gpu = self.traffic, self.k8s.policy.labels.gpu_resource
         overflow = Taint.parse(policy.overflow_taint)
-        with api_errors("list nodes"):
-            nodes = self.k8s.core.list_node(_request_timeout=self.k8s.timeout).items
-        with api_errors("list pods"):
-            pods = self.k8s.core.list_pod_for_all_namespaces(_request_timeout=self.k8s.timeout).items
-        with api_errors("list inference Deployments"):
-            deployments = client.AppsV1Api(self.k8s.core.api_client).list_deployment_for_all_namespaces(
-                label_selector=policy.inference_selector, _request_timeout=self.k8s.timeout).items
+        core = self.k8s.core
+        nodes = self._raw("list nodes", core.list_node)
+        pods = self._raw("list pods", core.list_pod_for_all_namespaces,
+                         **({"label_selector": policy.inference_selector} if light else {}))
+        deployments = self._raw("list inference Deployments",
+                                client.AppsV1Api(core.api_client).list_deployment_for_all_namespaces,
+                                label_selector=policy.inference_selector)
 
-        virtual = {n.metadata.name for n in nodes if label_selector_matches(policy.virtual_node_selector,
-                                                                            n.metadata.labels or {})}
-        gpu_selector = self.k8s.policy.labels.gpu_node_selector
-        home = set()
+        def labels(obj: dict[str, Any]) -> dict[str, str]:
+            return dict(obj["metadata"].get("labels") or {})
+
+        virtual = {n["metadata"]["name"] for n in nodes if label_selector_matches(policy.virtual_node_selector,
+                                                                                 labels(n))}
+        home: set[str] = set()
         snapshot: dict[str, Any] = {"virtual_nodes": sorted(virtual), "virtual_open": [], "virtual_gpus": 0,
                                     "cluster_gpus": 0}
         for node in nodes:
-            allocatable = int(parse_quantity((node.status.allocatable or {}).get(gpu, "0"))) if node.status else 0
-            name = node.metadata.name
+            status, spec, name = node.get("status") or {}, node.get("spec") or {}, node["metadata"]["name"]
+            allocatable = int(parse_quantity((status.get("allocatable") or {}).get(gpu, "0")))
             if name in virtual:
-                taints = node.spec.taints or [] if node.spec else []
-                if not any(t.key == overflow.key and t.effect == overflow.effect for t in taints):
+                if not any(t["key"] == overflow.key and t["effect"] == overflow.effect
+                           for t in spec.get("taints") or []):
                     snapshot["virtual_open"].append(name)
                 snapshot["virtual_gpus"] += allocatable
                 continue
-            ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or [])) \
-                if node.status else False
-            if label_selector_matches(gpu_selector, node.metadata.labels or {}) and ready \
-                    and not (node.spec and node.spec.unschedulable):
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or [])
+            if label_selector_matches(self.k8s.policy.labels.gpu_node_selector, labels(node)) and ready \
+                    and not spec.get("unschedulable"):
                 home.add(name)
                 snapshot["cluster_gpus"] += allocatable
 
         used = 0
-        inference: list[InferencePod] = []
-        labels_of: dict[str, dict[str, str]] = {}
+        inference: list[tuple[InferencePod, dict[str, str]]] = []
         for pod in pods:
-            info = pod_info(pod, gpu)
-            if info.phase in ("Succeeded", "Failed") or pod.metadata.deletion_timestamp:
+            meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+            if status.get("phase") in ("Succeeded", "Failed") or meta.get("deletionTimestamp"):
                 continue
-            if info.node in home:
-                used += info.gpus
-            if label_selector_matches(policy.inference_selector, info.labels):
-                labels_of[info.ref] = info.labels
-                inference.append(InferencePod(namespace=info.namespace, name=info.name, node=info.node,
-                                              on_virtual=info.node in virtual, ready=info.ready, gpus=info.gpus))
+            node = spec.get("nodeName") or ""
+            gpus = sum(int(parse_quantity(((c.get("resources") or {}).get("requests") or {}).get(gpu, "0")))
+                       for c in spec.get("containers") or [])
+            if node in home:
+                used += gpus
+            if label_selector_matches(policy.inference_selector, labels(pod)):
+                ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or [])
+                inference.append((InferencePod(namespace=meta["namespace"], name=meta["name"], node=node,
+                                               on_virtual=node in virtual, ready=ready, gpus=gpus), labels(pod)))
+        owned: dict[str, str] = {}
         selected = []
         for deployment in deployments:
-            match = deployment.spec.selector.match_labels or {}
-            mine = [p for p in inference if p.namespace == deployment.metadata.namespace
-                    and all(labels_of[p.ref].get(k) == v for k, v in match.items())]
-            ref = f"{deployment.metadata.namespace}/{deployment.metadata.name}"
-            inference = [p.model_copy(update={"deployment": ref}) if p in mine else p for p in inference]
-            container_gpus = sum(int(parse_quantity(((c.resources.requests or {}) if c.resources else {})
-                                                    .get(gpu, "0")))
-                                 for c in deployment.spec.template.spec.containers)
+            meta, spec = deployment["metadata"], deployment["spec"]
+            ref = f"{meta['namespace']}/{meta['name']}"
+            match = (spec.get("selector") or {}).get("matchLabels") or {}
+            mine = [p for p, pod_labels in inference if p.namespace == meta["namespace"]
+                    and all(pod_labels.get(k) == v for k, v in match.items())]
+            owned.update({p.ref: ref for p in mine})
+            per_pod = sum(int(parse_quantity(((c.get("resources") or {}).get("requests") or {}).get(gpu, "0")))
+                          for c in spec["template"]["spec"].get("containers") or [])
             selected.append(InferenceDeployment(
-                namespace=deployment.metadata.namespace, name=deployment.metadata.name,
-                replicas=deployment.spec.replicas or 0, ready=sum(1 for p in mine if p.ready),
+                namespace=meta["namespace"], name=meta["name"], replicas=spec.get("replicas") or 0,
+                ready=sum(1 for p in mine if p.ready),
                 ready_in_cluster=sum(1 for p in mine if p.ready and not p.on_virtual and p.node),
-                gpus_per_pod=container_gpus))
-        return TrafficSnapshot(**snapshot, used_gpus=used, deployments=selected, pods=inference,
-                               training=self._training())
+                gpus_per_pod=per_pod))
+        return TrafficSnapshot(
+            **snapshot, used_gpus=0 if light else used, deployments=selected,
+            pods=[p.model_copy(update={"deployment": owned.get(p.ref, "")}) for p, _ in inference],
+            training=[] if light else self._training())
 
     def _training(self) -> list[TrainingWorkload]:
         """Admitted Kueue Workloads at or above the training priority (none when Kueue is absent)."""
@@ -153,7 +168,7 @@ class TrafficActivities:
         deadline = time.monotonic() + request.timeout_s
         lowest = float("inf")
         while True:
-            snap = self.read()
+            snap = self.read(light=True)
             ratios = [d.ready / max(1, minimum_ready(d.replicas, request.min_fraction)) for d in snap.deployments]
             lowest = min([lowest, *ratios]) if ratios else lowest
             home = sum(d.ready_in_cluster for d in snap.deployments)

@@ -62,9 +62,9 @@ async def one_run(env: WorkflowEnvironment, workdir: Path, pods: int, batch: int
                                                           "batch_timeout": "60s", "min_ready_fraction": FRACTION}}))
         settings = Settings(kubeconfig=str(kube.write_kubeconfig(workdir / f"kubeconfig-{batch}")), slurm="off",
                             metrics_port=0, task_queue=f"bench-{batch}")
+        for name in nodes:  # training holds home while inference starts: everything lands away
+            kube.emulator.put(fleet.pod(f"train-{name}", name, namespace="training", owner_kind="Job", gpus=8))
         with replica_controller(kube):
-            for name in nodes:  # training holds home while inference starts: everything lands away
-                kube.emulator.put(fleet.pod(f"train-{name}", name, namespace="training", owner_kind="Job", gpus=8))
             while ready_pods(kube) < pods:
                 await asyncio.sleep(0.1)
             for name in nodes:
@@ -90,7 +90,9 @@ async def one_run(env: WorkflowEnvironment, workdir: Path, pods: int, batch: int
             sampler.join(2)
             home = sum(1 for p in kube.emulator.list("v1", "Pod", "inference")
                        if p["spec"].get("nodeName", "").startswith("gpu-"))
-    return {"batch_size": batch, "outcome": report.outcome, "seconds": round(took, 2), "pods_home": home,
+    batches = sum(1 for d in report.decisions if d.step == "move a batch home" and d.result.startswith("evicted"))
+    return {"batch_size": batch, "outcome": report.outcome, "seconds": round(took, 2), "batches": batches,
+            "pods_home": home,
             "min_ready": lowest[0], "minimum_allowed": DEPLOYMENTS * minimum_ready(per, FRACTION)}
 
 

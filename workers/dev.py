@@ -34,8 +34,10 @@ from fleetmedic.settings import Settings
 from workers.devstack import fleet
 from workers.devstack.controllers import provider_controller
 from workers.devstack.kube_emulator import KubeEmulatorThread, seed
+from workers.devstack.replicas import replica_controller
 from workers.devstack.slurm_cluster import LocalSlurmCluster, SlurmStartError, missing_binaries
 from workers.devstack.standins import ProviderStandIn, SlackStandIn
+from workers.schedules import ensure_quota_schedule
 from workers.temporal_client import connect
 from workers.webhook import AlertReceiver, available_runbooks
 from workers.worker import build_worker
@@ -103,6 +105,7 @@ def dev_policy_text(state_dir: Path, provider_url: str) -> str:
         "provider": {"kind": "http", "http": {"url": provider_url}},
         "storage": {"root": str(state_dir / "checkpoints"), "layout": "{job_id}/*"},
         "grace": {"checkpoint": "30s", "node_ready_deadline": "10m"},
+        "kueue": {"enabled": True, "interval": "1m"},
     }
     return yaml.safe_dump(doc)
 
@@ -132,6 +135,7 @@ async def run_dev(options: DevOptions) -> None:
         slack = stack.enter_context(SlackStandIn())
         provider = stack.enter_context(ProviderStandIn())
         stack.enter_context(provider_controller(kube, provider, delay_s=5.0))
+        stack.enter_context(replica_controller(kube, ready_delay_s=2.0))
 
         policy_text = dev_policy_text(state, provider.url)
         (state / "policy.yaml").write_text(policy_text)
@@ -142,6 +146,7 @@ async def run_dev(options: DevOptions) -> None:
             slack_api_url=slack.api_url, policy_path=str(state / "policy.yaml"), metrics_port=0,
         )
         client = await connect(target_host=f"127.0.0.1:{options.port}", namespace="default")
+        await ensure_quota_schedule(client, settings, policy)
         worker = build_worker(client, settings, policy)
 
         receiver = AlertReceiver(client, policy.routing, settings.task_queue, DEV_WEBHOOK_TOKEN, available_runbooks())
@@ -189,6 +194,8 @@ def _banner(options: DevOptions, kubeconfig: Path, slurm: LocalSlurmCluster | No
         f"(Authorization: Bearer {DEV_WEBHOOK_TOKEN})",
         "Try:  fleetmedic run xid-recovery --node gpu-node-0 --gpu 3 --xid 79 "
         f"--address 127.0.0.1:{options.port}",
+        f"      fleetmedic run kueue-quota-sync --dry-run --wait --address 127.0.0.1:{options.port}",
+        f"      (Kueue quota sync runs every minute: schedule kueue-quota-sync/{settings.cluster} in the UI)",
         "Ctrl-C stops everything.",
     ])
 

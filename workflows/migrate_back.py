@@ -25,7 +25,7 @@ from workflows.traffic_steps import Stopped, TrafficRunbook
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic.models import EvictionReport, RunbookStatus
-    from fleetmedic.traffic import EvictPods, HomeReport, SloCheck, SloResult, WaitHome, home_free
+    from fleetmedic.traffic import EvictPods, HomeReport, InferencePod, SloCheck, SloResult, WaitHome, home_free
 
 
 @workflow.defn(name="migrate-back")
@@ -82,7 +82,7 @@ class MigrateBack(TrafficRunbook):
             if snap.training:
                 raise Stopped("training took the GPUs again: "
                               + ", ".join(f"{w.namespace}/{w.name}" for w in snap.training))
-            away = sorted(snap.on_virtual, key=lambda p: (p.deployment, p.name))
+            away = spread(snap.on_virtual)
             if not away:
                 return
             batch = away[:traffic.batch_size]
@@ -109,7 +109,8 @@ class MigrateBack(TrafficRunbook):
                 self.lowest = min(self.lowest, home.min_ready_ratio)
             self.moved += len(report.evicted)
             await self.slo_gate(home, report)
-            await workflow.sleep(traffic.batch_pause, summary="pace between batches")
+            if traffic.batch_pause:
+                await workflow.sleep(traffic.batch_pause, summary="pace between batches")
 
     async def slo_gate(self, home: HomeReport | None, report: EvictionReport) -> None:
         """Every pod of the batch left, replacements Ready at home with every Deployment at its minimum,
@@ -136,3 +137,18 @@ class MigrateBack(TrafficRunbook):
         answer = await self.escalate("SLO gate", "; ".join(failures) + " — the migration is paused")
         if answer.action == "abort":
             raise RunbookAborted(answer.by, answer.reason or "SLO gate failed")
+
+
+def spread(pods: list[InferencePod]) -> list[InferencePod]:
+    """Round-robin over Deployments: a batch takes a few replicas of each service rather than many of
+    one, so no single service (or its PodDisruptionBudget) carries the whole batch."""
+    by_deployment: dict[str, list[InferencePod]] = {}
+    for pod in sorted(pods, key=lambda p: (p.deployment, p.name)):
+        by_deployment.setdefault(pod.deployment, []).append(pod)
+    queues = list(by_deployment.values())
+    ordered: list[InferencePod] = []
+    while any(queues):
+        for queue in queues:
+            if queue:
+                ordered.append(queue.pop(0))
+    return ordered

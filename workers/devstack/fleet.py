@@ -124,4 +124,12 @@ def demo_fleet(nodes: int = 8) -> list[dict[str, Any]]:
                                    labels={"app": "diffusion", "fleetmedic.io/workload": "inference"}))
     objects.append(pdb("diffusion", namespace="inference", match_labels={"app": "diffusion"},
                        min_available=2))
+    # For traffic-flip / migrate-back: the Deployment behind those pods and a closed virtual-kubelet node.
+    from workers.devstack.replicas import deployment, virtual_node
+
+    objects.append(deployment("diffusion", 4, gpus=4))
+    objects.append(virtual_node("virtual-gpu", gpus=64, overflow_closed=True))
+    # For kueue-quota-sync: one flavor over every GPU node and the training queue on it.
+    objects.append(resource_flavor("gpu", {GPU_LABEL: "true"}))
+    objects.append(cluster_queue("training", {"gpu": 8 * nodes}))
     return objects
