@@ -19,7 +19,7 @@ from fleetmedic.models import Approval, NodeInfo, RunbookStatus
 from fleetmedic.policy import Policy
 from fleetmedic.quota import Flavor, Queue, QueueShare, QuotaSlot, QuotaSyncInput, QuotaUpdate, healthy_gpus, plan
 from tests.harness import quick_policy, run_activity, settings_for, worker_for
-from tests.runbook_stack import Stack, status_when
+from tests.runbook_stack import Stack, save_history, status_when
 from workers.devstack import fleet
 from workers.devstack.kube_emulator import KubeEmulatorThread
 from workers.schedules import ensure_quota_schedule, quota_schedule_id
@@ -101,7 +101,9 @@ async def sync(client: Client, task_queue: str, kube: KubeEmulatorThread, policy
             id=cluster_workflow_id("kueue-quota-sync", task_queue), task_queue=task_queue, result_type=RunbookStatus)
         if during is not None:
             await during(handle)
-        return await asyncio.wait_for(handle.result(), 60)
+        report = await asyncio.wait_for(handle.result(), 60)
+        await save_history(handle)
+        return report
 
 
 async def test_a_node_taken_out_lowers_the_quota_and_its_return_restores_it(stack: Stack) -> None:

@@ -40,7 +40,8 @@ async def test_saved_history_replays(path: Path) -> None:
 def test_there_are_histories_to_replay() -> None:
     assert {p.stem for p in HISTORIES} >= {"xid-recovery-remediated", "xid-recovery-aborted", "xid-recovery-shadow",
                                            "hot-gpu-pull-remediated", "hot-gpu-pull-recovered",
-                                           "nvlink-fault-replace-kept-for-inference"}
+                                           "nvlink-fault-replace-kept-for-inference", "traffic-flip-flipped",
+                                           "migrate-back-migrated", "kueue-quota-sync-cut-approved"}
 
 
 @workflow.defn(name="xid-recovery", sandboxed=False)

@@ -23,7 +23,7 @@ from fleetmedic.models import EscalationAnswer, RunbookStatus
 from fleetmedic.policy import Policy
 from fleetmedic.traffic import TrafficInput
 from tests.harness import quick_policy, settings_for, worker_for
-from tests.runbook_stack import status_when
+from tests.runbook_stack import save_history, status_when
 from workers.devstack import fleet
 from workers.devstack.kube_emulator import KubeEmulatorThread
 from workers.devstack.replicas import deployment, replica_controller, virtual_node
@@ -173,6 +173,7 @@ async def test_training_admitted_opens_the_virtual_node_and_inference_moves_with
             await asyncio.to_thread(world.wait, lambda: len(world.on("virtual")) == 32 and sampler.ready() == REPLICAS,
                                     60, "inference re-homed on the virtual node")
             report = await asyncio.wait_for(handle.result(), 60)
+            await save_history(handle)
     assert report.outcome == "flipped", report.decisions
     assert any("training training/pretrain (32 GPUs) leaves 8 of 40 GPUs; inference needs 40" in d.result
                for d in report.decisions)
@@ -189,7 +190,9 @@ async def test_training_finished_forty_pods_come_home_in_batches_never_below_the
         training_finishes(world)
         start_sampling(sampler)
         async with worker_for(world.client, settings(world), world.policy(batch_size=5)):
-            report = await asyncio.wait_for((await world.start("migrate-back")).result(), 120)
+            migrate = await world.start("migrate-back")
+            report = await asyncio.wait_for(migrate.result(), 120)
+            await save_history(migrate)
         world.wait(lambda: world.all_home_ready("home"), what="all home and ready")
     assert report.outcome == "migrated", report.decisions
     assert world.on("virtual") == []
