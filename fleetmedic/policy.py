@@ -9,10 +9,10 @@ from __future__ import annotations
 from datetime import timedelta
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleetmedic.durations import Duration
 from fleetmedic.quota import QueueShare
@@ -31,26 +31,29 @@ def _td(**kwargs: float) -> timedelta:
     return timedelta(**kwargs)
 
 
+def _key_value(value: str) -> str:
+    key, sep, val = value.partition("=")
+    if not sep or not key or not val or "," in value:
+        raise ValueError(f"'{value}' must be written key=value")
+    return value
+
+
+# A label written `key=value`: one label, as selectors and opt-outs use it.
+KeyValue = Annotated[str, AfterValidator(_key_value)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
 class LabelPolicy(_Strict):
     # `key=value`: a node or a pod carrying it opts out of every destructive step.
-    opt_out: str = "fleetmedic.io/remediation=disabled"
+    opt_out: KeyValue = "fleetmedic.io/remediation=disabled"
     workflow_annotation: str = "fleetmedic.io/workflow"
     reason_annotation: str = "fleetmedic.io/quarantine-reason"
     gpu_resource: str = "nvidia.com/gpu"
     # Only nodes with this label count as GPU nodes for budgets and capacity.
-    gpu_node_selector: str = "nvidia.com/gpu.present=true"
-
-    @field_validator("opt_out", "gpu_node_selector")
-    @classmethod
-    def _key_value(cls, value: str) -> str:
-        key, sep, val = value.partition("=")
-        if not sep or not key or not val:
-            raise ValueError(f"'{value}' must be written key=value")
-        return value
+    gpu_node_selector: KeyValue = "nvidia.com/gpu.present=true"
 
     @property
     def opt_out_pair(self) -> tuple[str, str]:
@@ -119,7 +122,7 @@ class NvlinkPolicy(_Strict):
     # On a node kept for inference: the taint inference workloads tolerate and training ones do not.
     degraded_taint: str = "fleetmedic.io/degraded=nvlink:NoSchedule"
     # The pods that are inference (they stay on a degraded node); every other pod is evicted.
-    inference_selector: str = "fleetmedic.io/workload=inference"
+    inference_selector: KeyValue = "fleetmedic.io/workload=inference"
 
     @field_validator("degraded_taint")
     @classmethod
@@ -129,15 +132,6 @@ class NvlinkPolicy(_Strict):
             # NoExecute would evict the inference pods the taint is meant to keep.
             raise ValueError(f"'{value}' must be written key=value:NoSchedule (or PreferNoSchedule)")
         return value
-
-    @field_validator("inference_selector")
-    @classmethod
-    def _selector(cls, value: str) -> str:
-        key, sep, val = value.partition("=")
-        if not sep or not key or not val or "," in value:
-            raise ValueError(f"'{value}' must be one key=value")
-        return value
-
 
 class GracePolicy(_Strict):
     checkpoint: Duration = Field(default_factory=lambda: _td(seconds=120))
@@ -285,11 +279,11 @@ class TrafficPolicy(_Strict):
     """traffic-flip and migrate-back: inference spills to external GPUs while training holds the cluster."""
 
     # The virtual-kubelet node(s) in front of external GPU providers.
-    virtual_node_selector: str = "type=virtual-kubelet"
+    virtual_node_selector: KeyValue = "type=virtual-kubelet"
     # Present: inference stays in-cluster; absent: new inference pods may land on the virtual node(s).
     overflow_taint: str = "fleetmedic.io/overflow=closed:NoSchedule"
     # Inference Deployments and their pods carry this label.
-    inference_selector: str = "fleetmedic.io/workload=inference"
+    inference_selector: KeyValue = "fleetmedic.io/workload=inference"
     # Each Deployment keeps at least this share of its replicas Ready (rounded up).
     min_ready_fraction: float = Field(0.9, gt=0, le=1)
     # Admitted Kueue Workloads at or above this priority are the training that takes the cluster.
@@ -314,15 +308,6 @@ class TrafficPolicy(_Strict):
             # NoExecute would evict every inference pod on the virtual node at once.
             raise ValueError(f"'{value}' must be written key=value:NoSchedule (never NoExecute)")
         return value
-
-    @field_validator("virtual_node_selector", "inference_selector")
-    @classmethod
-    def _selector(cls, value: str) -> str:
-        key, sep, val = value.partition("=")
-        if not sep or not key or not val:
-            raise ValueError(f"'{value}' must be written key=value")
-        return value
-
 
 class NotifyPolicy(_Strict):
     slack_channel: str | None = None  # FLEETMEDIC_SLACK_CHANNEL wins when set

@@ -18,14 +18,11 @@ during a pass makes it run one more pass: a node that changed meanwhile is never
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from temporalio import workflow
 
 from workflows.runbook import Runbook, RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
-    from fleetmedic import ids
     from fleetmedic.models import ActionResult, EventRequest, RunbookStatus
     from fleetmedic.policy import Policy
     from fleetmedic.quota import (
@@ -58,7 +55,7 @@ class KueueQuotaSync(Runbook):
 
     @workflow.run
     async def run(self, input: QuotaSyncInput) -> RunbookStatus:
-        policy = await self.load()
+        policy = await self.load_policy()
         passes = 0
         try:
             while True:
@@ -80,18 +77,6 @@ class KueueQuotaSync(Runbook):
                                              if held else ""))
         self.finish(outcome)
         return self.status()
-
-    async def load(self) -> Policy:
-        self.enter("load policy")
-        self.policy = Policy.model_validate(await workflow.execute_local_activity(
-            "config.policy", result_type=Policy, start_to_close_timeout=timedelta(seconds=10)))
-        if self.policy.shadow.enabled_for(self.runbook) and not self.dry_run:
-            self.dry_run = True
-            self.decide("load policy", "shadow mode for kueue-quota-sync (policy): nothing will be changed")
-        workflow.upsert_search_attributes([ids.FLEET_RUNBOOK.value_set(self.runbook),
-                                           ids.FLEET_CLUSTER.value_set(self.cluster),
-                                           ids.FLEET_DRY_RUN.value_set(self.dry_run)])
-        return self.policy
 
     async def sync_once(self, policy: Policy) -> None:
         self.enter("read")

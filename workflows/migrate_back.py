@@ -42,7 +42,7 @@ class MigrateBack(TrafficRunbook):
     @workflow.run
     async def run(self, raw: dict[str, Any]) -> RunbookStatus:
         self.check_input()
-        await self.load()
+        await self.load_policy()
         self.enter("confirm")
         snap = await self.snapshot("confirm")
         nodes = snap.virtual_nodes

@@ -205,6 +205,20 @@ class Runbook:
         finally:
             self.waiting_for = None
 
+    async def load_policy(self) -> Policy:
+        """The worker's policy (a local activity: no round trip through the task queue), shadow mode
+        when it says so, and the run's search attributes."""
+        self.enter("load policy")
+        self.policy = Policy.model_validate(await workflow.execute_local_activity(
+            "config.policy", result_type=Policy, start_to_close_timeout=timedelta(seconds=10)))
+        if self.policy.shadow.enabled_for(self.runbook) and not self.dry_run:
+            self.dry_run = True
+            self.decide("load policy", f"shadow mode for {self.runbook} (policy): nothing will be changed")
+        workflow.upsert_search_attributes([ids.FLEET_RUNBOOK.value_set(self.runbook),
+                                           ids.FLEET_CLUSTER.value_set(self.cluster),
+                                           ids.FLEET_DRY_RUN.value_set(self.dry_run)])
+        return self.policy
+
     # --- activities ---------------------------------------------------------------------------
 
     def retry(self, kind: str = "reads") -> RetryPolicy:

@@ -38,7 +38,7 @@ class TrafficFlip(TrafficRunbook):
     @workflow.run
     async def run(self, raw: dict[str, Any]) -> RunbookStatus:
         self.check_input()
-        await self.load()
+        await self.load_policy()
         self.enter("confirm")
         snap = await self.snapshot("confirm")
         needed, why = flip_needed(snap)

@@ -20,7 +20,6 @@ with workflow.unsafe.imports_passed_through():
 
     from fleetmedic import ids
     from fleetmedic.models import ActionResult, EventRequest, Operator, RunbookStatus, Taint, TaintRequest
-    from fleetmedic.policy import Policy
     from fleetmedic.traffic import TrafficInput, TrafficSnapshot
 
 
@@ -62,18 +61,6 @@ class TrafficRunbook(Runbook):
     def traffic(self) -> Any:
         assert self.policy is not None
         return self.policy.traffic
-
-    async def load(self) -> Policy:
-        self.enter("load policy")
-        self.policy = Policy.model_validate(await workflow.execute_local_activity(
-            "config.policy", result_type=Policy, start_to_close_timeout=timedelta(seconds=10)))
-        if self.policy.shadow.enabled_for(self.runbook) and not self.dry_run:
-            self.dry_run = True
-            self.decide("load policy", f"shadow mode for {self.runbook} (policy): nothing will be changed")
-        workflow.upsert_search_attributes([ids.FLEET_RUNBOOK.value_set(self.runbook),
-                                           ids.FLEET_CLUSTER.value_set(self.cluster),
-                                           ids.FLEET_DRY_RUN.value_set(self.dry_run)])
-        return self.policy
 
     async def snapshot(self, step: str) -> TrafficSnapshot:
         snap = await self.call(step, "traffic.snapshot", [], TrafficSnapshot, spread=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
@@ -26,31 +26,42 @@ def set_ready(kube: KubeEmulatorThread, node: str, ready: bool) -> None:
 
 
 @contextmanager
+def every(interval_s: float, step: Callable[[], None], name: str) -> Iterator[None]:
+    """Run `step` in a background thread every `interval_s` until the block ends."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            step()
+            stop.wait(interval_s)
+
+    thread = threading.Thread(target=loop, daemon=True, name=name)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+@contextmanager
 def provider_controller(kube: KubeEmulatorThread, provider: ProviderStandIn,
                         delay_s: float = 1.0) -> Iterator[list[str]]:
     """Play the node provider: each accepted request takes its node NotReady, then Ready again
     `delay_s` later (a new machine, or the same one rebooted, rejoining under the same name)."""
     handled: list[str] = []
-    stop = threading.Event()
 
-    def loop() -> None:
-        while not stop.is_set():
-            for record in provider.records():
-                if record.id in handled or record.body["action"] == "rma":
-                    continue
-                handled.append(record.id)
-                try:
-                    set_ready(kube, record.body["node"], False)
-                    time.sleep(delay_s)
-                    set_ready(kube, record.body["node"], True)
-                except KeyError:
-                    pass
-            stop.wait(0.2)
+    def step() -> None:
+        for record in provider.records():
+            if record.id in handled or record.body["action"] in ("rma", "prewarm"):
+                continue
+            handled.append(record.id)
+            try:
+                set_ready(kube, record.body["node"], False)
+                time.sleep(delay_s)
+                set_ready(kube, record.body["node"], True)
+            except KeyError:
+                pass
 
-    thread = threading.Thread(target=loop, daemon=True, name="provider-controller")
-    thread.start()
-    try:
+    with every(0.2, step, "provider-controller"):
         yield handled
-    finally:
-        stop.set()
-        thread.join(5)

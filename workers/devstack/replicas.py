@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetmedic.selectors import match_labels_selector
+from workers.devstack.controllers import every
 from workers.devstack.kube_emulator import KubeEmulatorThread
 
 GPU = "nvidia.com/gpu"
@@ -125,20 +125,8 @@ class ReplicaController:
 @contextmanager
 def replica_controller(kube: KubeEmulatorThread, ready_delay_s: float = 0.3) -> Iterator[ReplicaController]:
     controller = ReplicaController(kube, ready_delay_s)
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            controller.step()
-            stop.wait(controller.interval_s)
-
-    thread = threading.Thread(target=loop, daemon=True, name="replica-controller")
-    thread.start()
-    try:
+    with every(controller.interval_s, controller.step, "replica-controller"):
         yield controller
-    finally:
-        stop.set()
-        thread.join(5)
 
 
 def deployment(name: str, replicas: int, *, namespace: str = "inference", gpus: int = 1,
