@@ -27,7 +27,7 @@ from tests.runbook_stack import save_history, status_when
 from workers.devstack import fleet
 from workers.devstack.kube_emulator import KubeEmulatorThread
 from workers.devstack.replicas import deployment, replica_controller, virtual_node
-from workers.devstack.standins import SlackStandIn
+from workers.devstack.standins import ProviderStandIn, SlackStandIn
 
 REPLICAS, MINIMUM = 40, 36  # min_ready_fraction 0.9
 HOME_NODES = [f"gpu-{i}" for i in range(5)]  # 5 × 8 GPUs: exactly inference's 40
@@ -263,3 +263,35 @@ async def test_nothing_to_do_is_recorded_without_touching_anything(world: World)
     assert flip.outcome == "not-needed" and "no admitted training" in flip.decisions[-1].result
     assert back.outcome == "nothing-to-move"
     assert [m for m in world.kube.emulator.mutations() if "/nodes/" in m.url.path] == []
+
+
+async def test_prewarm_asks_the_provider_and_waits_for_external_capacity(world: World,
+                                                                         provider_http: ProviderStandIn) -> None:
+    world.kube.emulator.put(virtual_node(gpus=0, overflow_closed=True))
+    world.kube.emulator.put(deployment("serve", REPLICAS))
+    policy = quick_policy(world.tmp_path, provider={"kind": "http", "http": {"url": provider_http.url}},
+                          traffic={"prewarm": True, "prewarm_timeout": "30s", "watch_duration": "1s"})
+
+    def capacity_arrives() -> None:  # the external provider brings 64 GPUs up behind the virtual node
+        world.wait(lambda: bool(provider_http.accepted()), 30, "the prewarm request")
+        node = world.kube.emulator.get("v1", "Node", "virtual-gpu")
+        assert node is not None
+        node["status"]["allocatable"]["nvidia.com/gpu"] = "64"
+        world.kube.emulator.put(node)
+
+    with replica_controller(world.kube):
+        world.wait(lambda: world.all_home_ready("home"), what="inference at home")
+        world.kube.emulator.put(fleet.workload("pretrain", "training", "h100", 32, priority=1000))
+        async with worker_for(world.client, settings_for(world.task_queue, world.kube, provider=provider_http),
+                              policy):
+            handle = await world.start("traffic-flip")
+            await asyncio.to_thread(capacity_arrives)
+            report = await asyncio.wait_for(handle.result(), 60)
+    assert report.outcome == "flipped", report.decisions
+    [request] = provider_http.accepted()
+    assert (request["node"], request["action"]) == ("virtual-gpu", "prewarm")
+    results = [d.result for d in report.decisions if d.step == "pre-warm"]
+    assert results[-1] == "external capacity ready: 64 GPUs"
+    opened = next(d.at for d in report.decisions if d.step == "open the virtual node")
+    ready = next(d.at for d in report.decisions if d.result == "external capacity ready: 64 GPUs")
+    assert ready <= opened  # inference spills out only once the capacity is there

@@ -174,7 +174,7 @@ class ProviderStandIn(ThreadedServer):
         if not key:
             return web.json_response({"error": "Idempotency-Key header is required"}, status=400)
         missing = [f for f in ("cluster", "node", "action") if not body.get(f)]
-        if missing or body.get("action") not in ("replace", "reboot", "rma"):
+        if missing or body.get("action") not in ("replace", "reboot", "rma", "prewarm"):
             return web.json_response({"error": f"bad request: {missing or body.get('action')}"}, status=400)
         with self.lock:
             existing = self.by_key.get(key)
