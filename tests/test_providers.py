@@ -144,4 +144,4 @@ def test_policy_picks_the_provider(provider_http: ProviderStandIn) -> None:
     assert make_provider(ProviderPolicy(kind="manual"), never, token=None, kube_timeout_s=1).name == "manual"  # type: ignore[arg-type]
     http = make_provider(ProviderPolicy.model_validate({"kind": "http", "http": {"url": provider_http.url}}),
                          never, token="t", kube_timeout_s=1)  # type: ignore[arg-type]
-    assert http.name == "http" and http.supports == frozenset({"replace", "reboot", "rma"})
+    assert http.name == "http" and http.supports == frozenset({"replace", "reboot", "rma", "prewarm"})

@@ -79,8 +79,12 @@ class TrafficFlip(TrafficRunbook):
             cluster=self.cluster, node=nodes[0], action="prewarm", reason=f"inference needs {need} GPUs outside",
             idempotency_key=f"{self.workflow_id}/{workflow.info().first_execution_run_id}/prewarm",
             dry_run=self.dry_run), ProviderResult, retry=self.retry("writes"))
-        if result is not None:
-            self.decide("pre-warm", f"{result.provider}: {result.detail or 'accepted'}")
+        if result is None or result.needs_human:
+            # Waiting on a person here would leave inference without a home: flip without it.
+            self.decide("pre-warm", f"{result.provider} cannot pre-warm ({result.detail}): flipping without it"
+                        if result else "skipped by an operator")
+            return
+        self.decide("pre-warm", f"{result.provider}: {result.detail or 'accepted'}")
         if self.dry_run:
             return
         deadline = workflow.now() + traffic.prewarm_timeout
