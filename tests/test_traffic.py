@@ -295,3 +295,74 @@ async def test_prewarm_asks_the_provider_and_waits_for_external_capacity(world: 
     opened = next(d.at for d in report.decisions if d.step == "open the virtual node")
     ready = next(d.at for d in report.decisions if d.result == "external capacity ready: 64 GPUs")
     assert ready <= opened  # inference spills out only once the capacity is there
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[tuple[str, Any]]:
+    """Debian's Prometheus scraping an exporter the test controls (the gateway's 5xx ratio)."""
+    import shutil
+    import subprocess
+
+    import httpx
+    import yaml
+    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+    from tests.conftest import require
+    from workers.devstack.slurm_cluster import free_port
+
+    binary = shutil.which("prometheus")
+    require(binary is not None, "Debian's prometheus")
+    registry = CollectorRegistry()
+    errors = Gauge("inference_gateway_error_ratio", "5xx share of inference requests", registry=registry)
+    exporter_port, port = free_port(), free_port()
+    server, thread = start_http_server(exporter_port, addr="127.0.0.1", registry=registry)
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                                      "scrape_configs": [{"job_name": "gateway", "static_configs": [
+                                          {"targets": [f"127.0.0.1:{exporter_port}"]}]}]}))
+    proc = subprocess.Popen([str(binary), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                answer = httpx.get(f"{url}/api/v1/query", params={"query": "inference_gateway_error_ratio"}, timeout=1)
+                if answer.status_code == 200 and answer.json()["data"]["result"]:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise AssertionError("prometheus did not scrape the exporter")
+        yield url, errors
+    finally:
+        proc.kill()
+        proc.wait()
+        server.shutdown()
+
+
+async def test_the_slo_query_gates_each_batch_against_a_real_prometheus(world: World, prometheus: Any) -> None:
+    url, errors = prometheus
+    errors.set(0.2)  # the gateway is failing one request in five
+    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    world.kube.emulator.put(deployment("serve", REPLICAS))
+    fill_home_with_training(world)
+    policy = world.policy(batch_size=10, slo_query="max(inference_gateway_error_ratio)", slo_max=0.01)
+    with replica_controller(world.kube):
+        training_finishes(world)
+        async with worker_for(world.client, settings_for(world.task_queue, world.kube, slack=world.slack,
+                                                         prometheus_url=url), policy):
+            migrate = await world.start("migrate-back")
+            status = await status_when(migrate, lambda s: s.escalation is not None)
+            assert status.escalation is not None
+            assert "SLO: max(inference_gateway_error_ratio) = 0.2 (max 0.01)" in status.escalation.error
+            assert len(world.on("home")) == 10  # paused after the first batch
+            errors.set(0.0)  # the gateway recovered
+            await asyncio.sleep(2)  # two scrapes
+            await migrate.signal("answer", EscalationAnswer(action="retry", by="sre", reason="gateway fixed"))
+            report = await asyncio.wait_for(migrate.result(), 120)
+    assert report.outcome == "migrated", report.decisions
+    assert any(d.step == "SLO gate" and d.result == "max(inference_gateway_error_ratio) = 0 (max 0.01)"
+               for d in report.decisions)
