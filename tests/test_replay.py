@@ -20,7 +20,7 @@ from temporalio.workflow import NondeterminismError
 
 from fleetmedic.models import RunbookStatus
 from workers.worker import sandbox_runner
-from workflows import WORKFLOWS
+from workflows.registry import WORKFLOWS
 from workflows.xid_recovery import XidRecovery
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))

@@ -198,7 +198,7 @@ def _started(handle: WorkflowHandle[Any, Any]) -> bool:
 def available_runbooks() -> frozenset[str]:
     """The runbooks this version's worker runs: alerts for others are answered `ignored`, never
     started into a queue no worker reads."""
-    from workflows import WORKFLOWS
+    from workflows.registry import WORKFLOWS
 
     return frozenset(str(getattr(cls, "runbook", "")) for cls in WORKFLOWS) - {""}
 

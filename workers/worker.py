@@ -40,7 +40,7 @@ from fleetmedic.policy import Policy, load_policy
 from fleetmedic.settings import Settings
 from workers.schedules import ensure_quota_schedule
 from workers.temporal_client import connect, ensure_search_attributes
-from workflows import WORKFLOWS
+from workflows.registry import WORKFLOWS
 
 # What running activities get to finish after SIGTERM; the pod's terminationGracePeriodSeconds
 # (deploy/kubernetes/base/worker.yaml) is longer, and a test keeps it so.
