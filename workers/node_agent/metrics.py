@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from workers.node_agent.infiniband import ACTIVE, Infiniband
+from workers.node_agent.infiniband import Infiniband
 from workers.node_agent.nvml import Nvml
 
 # name (without _total for counters) -> (type, help)
@@ -110,7 +110,3 @@ class AgentCollector(Collector):
             for counter, value in port.hw_counters.items():
                 add("fleetmedic_infiniband_hw_counter", {**p, "counter": counter}, value)
         yield from families.values()
-
-
-def port_active(state: int | None) -> bool:
-    return state == ACTIVE
