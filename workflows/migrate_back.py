@@ -41,10 +41,7 @@ class MigrateBack(TrafficRunbook):
 
     @workflow.run
     async def run(self, raw: dict[str, Any]) -> RunbookStatus:
-        self.check_input()
-        await self.load_policy()
-        self.enter("confirm")
-        snap = await self.snapshot("confirm")
+        snap = await self.begin()
         nodes = snap.virtual_nodes
         if not snap.on_virtual and not snap.virtual_open:
             return await self.record("nothing-to-move", "no inference pod is away and the virtual node is closed", [])

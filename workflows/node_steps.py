@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeUpdate
+from temporalio.common import MetricMeter, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows.runbook import Runbook, RunbookAborted
@@ -28,7 +28,6 @@ with workflow.unsafe.imports_passed_through():
         ActionResult,
         Checkpoint,
         CheckpointQuery,
-        EventRequest,
         EvictionReport,
         EvictRequest,
         GpuResetRequest,
@@ -591,33 +590,16 @@ class NodeRunbook(Runbook):
         await self.say(f":warning: `{self.node}` stays out of service: {why}",
                        mention=self.policy.escalation.slack_mention)
 
-    async def record_outcome(self, outcome: str, message: str, warning: bool = False) -> str:
-        self.enter("record outcome")
-        event = EventRequest(name=self.node, reason=f"FleetMedic{outcome.title().replace('-', '')}",
-                             message=f"{self.runbook} ({self.workflow_id}): {message}",
-                             type="Warning" if warning else "Normal", dry_run=self.dry_run)
-        try:
-            await self.call("record outcome", "k8s.record_event", event, ActionResult, escalate=False)
-        except ActivityError:
-            workflow.logger.warning("could not record the outcome Event; the history still has it")
-        prefix = "shadow run: " if self.dry_run else ""
-        await self.say(f"*{outcome}*: {prefix}{message}")
-        self.decide("record outcome", f"{outcome}: {message}")
-        self.record_metrics(outcome)
-        return self.finish(outcome)
-
-    def record_metrics(self, outcome: str) -> None:
-        """Runbooks by outcome, time to repair and GPU-hours lost, on the worker's /metrics.
-        (The SDK drops metrics recorded while replaying, so each run counts once.)"""
-        meter = workflow.metric_meter().with_additional_attributes(
-            {"runbook": self.runbook, "cluster": self.cluster, "outcome": outcome, "dry_run": str(self.dry_run)})
-        meter.create_counter("fleetmedic_runbooks_finished", "runbooks finished, by outcome").add(1)
+    def record_metrics(self, outcome: str) -> MetricMeter:
+        """Also time to repair and GPU-hours lost."""
+        meter = super().record_metrics(outcome)
         meter.create_histogram_timedelta("fleetmedic_time_to_repair", "alert to outcome").record(
             workflow.now() - workflow.info().start_time)
         if self.out_since is not None and not self.dry_run:
             out_for = ((self.back_at or workflow.now()) - self.out_since).total_seconds()
             meter.create_histogram_float("fleetmedic_gpu_hours_lost", "GPU-hours out of service per run",
                                          "h").record(self.node_gpus * out_for / 3600)
+        return meter
 
 
 def input_error(raw: Any) -> str | None:

@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import MetricMeter, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         Approval,
         Escalation,
         EscalationAnswer,
+        EventRequest,
         LeaseAnswer,
         NotifyResult,
         NotifyStart,
@@ -305,6 +306,37 @@ class Runbook:
         if opt_out is None:  # the operator skipped the check: treat as opted out, to be safe
             return OptOut(opted_out=True, reasons=["opt-out check skipped by an operator"])
         return opt_out
+
+    # --- the end ------------------------------------------------------------------------------
+
+    async def record_outcome(self, outcome: str, message: str, warning: bool = False,
+                             event_on: str | None = None) -> str:
+        """The outcome everywhere it is looked for: an Event on the node the run was about (`event_on`,
+        by default the run's node; none when empty), the Slack thread, the decisions, the metrics and
+        the `FleetOutcome` search attribute."""
+        self.enter("record outcome")
+        subject = self.node if event_on is None else event_on
+        if subject:
+            event = EventRequest(name=subject, reason=f"FleetMedic{outcome.title().replace('-', '')}",
+                                 message=f"{self.runbook} ({self.workflow_id}): {message}",
+                                 type="Warning" if warning else "Normal", dry_run=self.dry_run)
+            try:
+                await self.call("record outcome", "k8s.record_event", event, ActionResult, escalate=False)
+            except ActivityError:
+                workflow.logger.warning("could not record the outcome Event; the history still has it")
+        prefix = "shadow run: " if self.dry_run else ""
+        await self.say(f"*{outcome}*: {prefix}{message}")
+        self.decide("record outcome", f"{outcome}: {message}")
+        self.record_metrics(outcome)
+        return self.finish(outcome)
+
+    def record_metrics(self, outcome: str) -> MetricMeter:
+        """Runbooks by outcome on the worker's /metrics (the SDK drops metrics recorded while
+        replaying, so each run counts once). Returns the meter, for what a runbook adds."""
+        meter = workflow.metric_meter().with_additional_attributes(
+            {"runbook": self.runbook, "cluster": self.cluster, "outcome": outcome, "dry_run": str(self.dry_run)})
+        meter.create_counter("fleetmedic_runbooks_finished", "runbooks finished, by outcome").add(1)
+        return meter
 
     # --- Slack --------------------------------------------------------------------------------
 

@@ -37,10 +37,7 @@ class TrafficFlip(TrafficRunbook):
 
     @workflow.run
     async def run(self, raw: dict[str, Any]) -> RunbookStatus:
-        self.check_input()
-        await self.load_policy()
-        self.enter("confirm")
-        snap = await self.snapshot("confirm")
+        snap = await self.begin()
         needed, why = flip_needed(snap)
         self.decide("confirm", why)
         if not needed:

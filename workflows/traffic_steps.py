@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ApplicationError
 
 from workflows.runbook import Runbook
 
@@ -19,7 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from fleetmedic import ids
-    from fleetmedic.models import ActionResult, EventRequest, Operator, RunbookStatus, Taint, TaintRequest
+    from fleetmedic.models import Operator, RunbookStatus, Taint, TaintRequest
     from fleetmedic.traffic import TrafficInput, TrafficSnapshot
 
 
@@ -52,10 +52,14 @@ class TrafficRunbook(Runbook):
         """The other traffic runbook starts (or an operator): stop before the next change."""
         self.stop_request = operator
 
-    def check_input(self) -> None:
+    async def begin(self) -> TrafficSnapshot:
+        """A valid input, the policy, and the cluster as it is now (the `confirm` step's reading)."""
         if self.invalid is not None:
             raise ApplicationError(f"invalid {self.runbook} input: {self.invalid}", type="InvalidInput",
                                    non_retryable=True)
+        await self.load_policy()
+        self.enter("confirm")
+        return await self.snapshot("confirm")
 
     @property
     def traffic(self) -> Any:
@@ -92,21 +96,6 @@ class TrafficRunbook(Runbook):
             await self.act(step, activity, TaintRequest(node=node, taint=taint, dry_run=self.dry_run))
 
     async def record(self, outcome: str, message: str, nodes: list[str], warning: bool = False) -> RunbookStatus:
-        self.enter("record outcome")
-        for node in nodes[:1]:  # the virtual node carries the story, as a drained node does for node runbooks
-            try:
-                await self.call("record outcome", "k8s.record_event", EventRequest(
-                    name=node, reason=f"FleetMedic{outcome.title().replace('-', '')}",
-                    message=f"{self.runbook} ({self.workflow_id}): {message}",
-                    type="Warning" if warning else "Normal", dry_run=self.dry_run), ActionResult, escalate=False)
-            except ActivityError:
-                workflow.logger.warning("could not record the outcome Event; the history still has it")
-        if self.thread_task is not None:
-            await self.say(f"*{outcome}*: " + ("shadow run: " if self.dry_run else "") + message)
-        self.decide("record outcome", f"{outcome}: {message}")
-        workflow.metric_meter().with_additional_attributes(
-            {"runbook": self.runbook, "cluster": self.cluster, "outcome": outcome, "dry_run": str(self.dry_run)}
-        ).create_counter("fleetmedic_runbooks_finished", "runbooks finished, by outcome").add(1)
-        self.finish(outcome)
+        # The virtual node carries the story, as a drained node does for node runbooks.
+        await self.record_outcome(outcome, message, warning, event_on=nodes[0] if nodes else "")
         return self.status()
-
