@@ -29,22 +29,25 @@ class KueueActivities:
     def gpu(self) -> str:
         return self.k8s.policy.labels.gpu_resource
 
-    def _list(self, plural: str) -> list[dict[str, Any]]:
-        with api_errors(f"list Kueue {plural}"):
-            result = self.k8s.custom.list_cluster_custom_object(GROUP, VERSION, plural,
-                                                                _request_timeout=self.k8s.timeout)
+    def objects(self, plural: str) -> list[dict[str, Any]] | None:
+        """Every cluster-wide Kueue object of a kind; None when Kueue's API is not installed here."""
+        try:
+            with api_errors(f"list Kueue {plural}"):
+                result = self.k8s.custom.list_cluster_custom_object(GROUP, VERSION, plural,
+                                                                    _request_timeout=self.k8s.timeout)
+        except Exception as exc:
+            if getattr(exc, "type", None) == ErrorKind.NOT_FOUND:
+                return None
+            raise
         return list(result.get("items", []))
 
     @activity.defn(name="kueue.snapshot")
     def snapshot(self) -> KueueSnapshot:
         """Flavors, the GPU quotas of every ClusterQueue, what admitted workloads hold, and the GPU nodes."""
-        try:
-            flavors = self._list("resourceflavors")
-        except Exception as exc:
-            if getattr(exc, "type", None) == ErrorKind.NOT_FOUND:
-                return KueueSnapshot(installed=False)  # no Kueue API in this cluster: nothing to keep in sync
-            raise
-        queues, workloads = self._list("clusterqueues"), self._list("workloads")
+        flavors = self.objects("resourceflavors")
+        if flavors is None:
+            return KueueSnapshot(installed=False)  # no Kueue API in this cluster: nothing to keep in sync
+        queues, workloads = self.objects("clusterqueues") or [], self.objects("workloads") or []
         with api_errors("list GPU nodes"):
             nodes = self.k8s.core.list_node(label_selector=self.k8s.policy.labels.gpu_node_selector,
                                             _request_timeout=self.k8s.timeout).items
@@ -70,18 +73,13 @@ class KueueActivities:
         """queue -> flavor -> GPUs held by admitted (quota-reserved) workloads."""
         used: dict[str, dict[str, int]] = {}
         for workload in workloads:
-            status = workload.get("status") or {}
-            admitted = any(c.get("type") in ("Admitted", "QuotaReserved") and c.get("status") == "True"
-                           for c in status.get("conditions") or [])
-            admission = status.get("admission") or {}
-            if not admitted or not admission.get("clusterQueue"):
+            queue = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
+            if not admitted(workload, "Admitted", "QuotaReserved") or not queue:
                 continue
-            per_flavor = used.setdefault(admission["clusterQueue"], {})
-            for assignment in admission.get("podSetAssignments") or []:
-                flavor = (assignment.get("flavors") or {}).get(self.gpu)
-                quantity = (assignment.get("resourceUsage") or {}).get(self.gpu)
-                if flavor and quantity is not None:
-                    per_flavor[flavor] = per_flavor.get(flavor, 0) + int(parse_quantity(str(quantity)))
+            per_flavor = used.setdefault(queue, {})
+            for flavor, gpus in assigned_gpus(workload, self.gpu):
+                if flavor:
+                    per_flavor[flavor] = per_flavor.get(flavor, 0) + gpus
         return used
 
     @activity.defn(name="kueue.set_quota")
@@ -128,3 +126,16 @@ class KueueActivities:
 
     def activities(self) -> list[Callable[..., Any]]:
         return [self.snapshot, self.set_quota]
+
+
+def admitted(workload: dict[str, Any], *conditions: str) -> bool:
+    """One of these conditions (Admitted, QuotaReserved) is True on the Workload."""
+    return any(c.get("type") in conditions and c.get("status") == "True"
+               for c in (workload.get("status") or {}).get("conditions") or [])
+
+
+def assigned_gpus(workload: dict[str, Any], gpu: str) -> list[tuple[str, int]]:
+    """(flavor, GPUs) of each pod set Kueue admitted with GPUs; the flavor is "" when none is named."""
+    assignments = ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+    return [((a.get("flavors") or {}).get(gpu, ""), int(parse_quantity(str((a.get("resourceUsage") or {})[gpu]))))
+            for a in assignments if gpu in (a.get("resourceUsage") or {})]

@@ -15,7 +15,7 @@ from kubernetes.utils import parse_quantity
 from temporalio import activity
 
 from activities.kubernetes import KubernetesActivities, api_errors
-from activities.kueue import GROUP, VERSION
+from activities.kueue import KueueActivities, admitted, assigned_gpus
 from fleetmedic.models import EvictionReport, PodProblem, Taint
 from fleetmedic.policy import TrafficPolicy
 from fleetmedic.selectors import label_selector_matches
@@ -38,6 +38,7 @@ POLL_S = 0.25
 class TrafficActivities:
     def __init__(self, kubernetes: KubernetesActivities, prometheus_url: str | None = None) -> None:
         self.k8s = kubernetes
+        self.kueue = KueueActivities(kubernetes)
         self.prometheus_url = prometheus_url
 
     @property
@@ -128,25 +129,12 @@ class TrafficActivities:
 
     def _training(self) -> list[TrainingWorkload]:
         """Admitted Kueue Workloads at or above the training priority (none when Kueue is absent)."""
-        gpu = self.k8s.policy.labels.gpu_resource
-        try:
-            with api_errors("list Kueue workloads"):
-                items = self.k8s.custom.list_cluster_custom_object(GROUP, VERSION, "workloads",
-                                                                   _request_timeout=self.k8s.timeout)["items"]
-        except Exception as exc:
-            if getattr(exc, "type", None) == "NotFound":
-                return []
-            raise
         training = []
-        for item in items:
-            status, spec = item.get("status") or {}, item.get("spec") or {}
-            admitted = any(c.get("type") == "Admitted" and c.get("status") == "True"
-                           for c in status.get("conditions") or [])
-            priority = int(spec.get("priority") or 0)
-            if not admitted or priority < self.traffic.training_priority:
+        for item in self.kueue.objects("workloads") or []:
+            priority = int((item.get("spec") or {}).get("priority") or 0)
+            if not admitted(item, "Admitted") or priority < self.traffic.training_priority:
                 continue
-            gpus = sum(int(parse_quantity(str((a.get("resourceUsage") or {}).get(gpu, "0"))))
-                       for a in (status.get("admission") or {}).get("podSetAssignments") or [])
+            gpus = sum(n for _, n in assigned_gpus(item, self.k8s.policy.labels.gpu_resource))
             training.append(TrainingWorkload(namespace=item["metadata"].get("namespace", ""),
                                              name=item["metadata"]["name"], priority=priority, gpus=gpus))
         return training
