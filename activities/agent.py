@@ -37,21 +37,29 @@ class AgentActivities:
     def _url(self, node: str) -> str | None:
         return self.template.format(node=node).rstrip("/") if self.template else None
 
+    def _read(self, node: str, path: str, params: dict[str, str] | None = None) -> dict[str, Any] | str:
+        """The agent's JSON answer, or why there is none (not configured, unreachable: the caller
+        reports itself unavailable). An HTTP error status raises, classified for the retry policy."""
+        url = self._url(node)
+        if url is None:
+            return "no node agent configured (FLEETMEDIC_AGENT_URL)"
+        try:
+            response = httpx.get(f"{url}{path}", params=params, timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            return f"node agent unreachable: {exc}"
+        if response.status_code >= 400:
+            raise from_http_status(response.status_code, f"agent {path}: {response.text[:200]}")
+        data: dict[str, Any] = response.json()
+        return data
+
     @activity.defn(name="agent.validate")
     def validate(self, request: Validate) -> Validation:
-        url = self._url(request.node)
-        if url is None:
-            return Validation(available=False, detail="no node agent configured (FLEETMEDIC_AGENT_URL)")
         params: dict[str, str] = {"since": request.since.isoformat()}
         if request.expected_gpus is not None:
             params["expected_gpus"] = str(request.expected_gpus)
-        try:
-            response = httpx.get(f"{url}/v1/validate", params=params, timeout=self.timeout)
-        except httpx.HTTPError as exc:
-            return Validation(available=False, detail=f"node agent unreachable: {exc}")
-        if response.status_code >= 400:
-            raise from_http_status(response.status_code, f"agent validate: {response.text[:200]}")
-        data = response.json()
+        data = self._read(request.node, "/v1/validate", params)
+        if isinstance(data, str):
+            return Validation(available=False, detail=data)
         checks = [ValidationCheck(name=c["name"], passed=bool(c["passed"]), value=str(c.get("value", "")))
                   for c in data.get("checks", [])]
         return Validation(available=True, passed=bool(data.get("passed")), checks=checks)
@@ -59,16 +67,10 @@ class AgentActivities:
     @activity.defn(name="agent.gpus")
     def gpus(self, node: str) -> GpuReadings:
         """A fresh reading of every GPU of the node (temperature, thermal margin)."""
-        url = self._url(node)
-        if url is None:
-            return GpuReadings(available=False, detail="no node agent configured (FLEETMEDIC_AGENT_URL)")
-        try:
-            response = httpx.get(f"{url}/v1/gpus", timeout=self.timeout)
-        except httpx.HTTPError as exc:
-            return GpuReadings(available=False, detail=f"node agent unreachable: {exc}")
-        if response.status_code >= 400:
-            raise from_http_status(response.status_code, f"agent gpus: {response.text[:200]}")
-        return GpuReadings(available=True, gpus=[GpuReading.model_validate(g) for g in response.json()["gpus"]])
+        data = self._read(node, "/v1/gpus")
+        if isinstance(data, str):
+            return GpuReadings(available=False, detail=data)
+        return GpuReadings(available=True, gpus=[GpuReading.model_validate(g) for g in data["gpus"]])
 
     @activity.defn(name="agent.available")
     def available(self, node: str) -> bool:
