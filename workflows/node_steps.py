@@ -16,12 +16,11 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import MetricMeter, SearchAttributeUpdate
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError
 
-from workflows.runbook import Runbook, RunbookAborted
+from workflows.runbook import Runbook, RunbookAborted, input_error
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import ValidationError
 
     from fleetmedic import ids
     from fleetmedic.models import (
@@ -94,7 +93,7 @@ class NodeRunbook(Runbook):
         """State from the start input. The input arrives as plain JSON (the UI's Start Workflow form,
         the CLI, the webhook) and is validated here, so a bad one fails the run with the reason
         instead of a stuck workflow task."""
-        self.invalid = input_error(raw)
+        self.invalid = input_error(raw, NodeRunbookInput)
         input = NodeRunbookInput.model_validate(raw) if self.invalid is None else NodeRunbookInput(
             cluster=str(raw.get("cluster") or "?"), node=str(raw.get("node") or "?"))
         self._init_state(input.cluster, input.node, workflow.info().workflow_id, input.dry_run)
@@ -106,9 +105,7 @@ class NodeRunbook(Runbook):
     async def run_to_outcome(self, body: Callable[[], Awaitable[Any]]) -> RunbookStatus:
         """Run the runbook's body; every way out (done, opted out, rejected, aborted) records an
         outcome and gives the lease back. Returns the run's report."""
-        if self.invalid is not None:
-            raise ApplicationError(f"invalid {self.runbook} input: {self.invalid}", type="InvalidInput",
-                                   non_retryable=True)
+        self.fail_if_invalid(self.invalid)
         try:
             await body()
         except NothingToDo as nothing:
@@ -600,17 +597,6 @@ class NodeRunbook(Runbook):
             meter.create_histogram_float("fleetmedic_gpu_hours_lost", "GPU-hours out of service per run",
                                          "h").record(self.node_gpus * out_for / 3600)
         return meter
-
-
-def input_error(raw: Any) -> str | None:
-    """Why `raw` is not a NodeRunbookInput, in one line (None when it is one)."""
-    if not isinstance(raw, dict):
-        return f"expected a JSON object, got {type(raw).__name__}"
-    try:
-        NodeRunbookInput.model_validate(raw)
-    except ValidationError as exc:
-        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
-    return None
 
 
 def gpu_name(gpu: int | None) -> str:

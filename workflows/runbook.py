@@ -24,6 +24,8 @@ from temporalio.common import MetricMeter, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import BaseModel, ValidationError
+
     from fleetmedic import ids
     from fleetmedic.errors import NON_RETRYABLE
     from fleetmedic.models import (
@@ -188,6 +190,11 @@ class Runbook:
         self.step_name = "done"
         workflow.upsert_search_attributes([ids.FLEET_OUTCOME.value_set(outcome), ids.FLEET_STEP.value_set("done")])
         return outcome
+
+    def fail_if_invalid(self, invalid: str | None) -> None:
+        if invalid is not None:
+            raise ApplicationError(f"invalid {self.runbook} input: {invalid}", type="InvalidInput",
+                                   non_retryable=True)
 
     def check_abort(self) -> None:
         if self.abort_request is not None:
@@ -366,6 +373,19 @@ class Runbook:
                 summary="notify: thread reply")
         except ActivityError:
             workflow.logger.warning("slack reply failed; continuing")
+
+
+def input_error(raw: Any, model: type[BaseModel]) -> str | None:
+    """Why `raw` is not a valid `model` start input, in one line (None when it is one). Inputs arrive
+    as plain JSON (the UI's Start Workflow form, the CLI, the webhook) and are checked in the
+    workflow, so a bad one fails the run with the reason instead of a stuck workflow task."""
+    if not isinstance(raw, dict):
+        return f"expected a JSON object, got {type(raw).__name__}"
+    try:
+        model.model_validate(raw)
+    except ValidationError as exc:
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
+    return None
 
 
 def _describe(err: ActivityError) -> str:

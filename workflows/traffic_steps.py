@@ -11,12 +11,10 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
 
-from workflows.runbook import Runbook
+from workflows.runbook import Runbook, input_error
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import ValidationError
 
     from fleetmedic import ids
     from fleetmedic.models import Operator, RunbookStatus, Taint, TaintRequest
@@ -35,12 +33,9 @@ class TrafficRunbook(Runbook):
     other = ""  # the runbook this one must never act together with
 
     def _init_run(self, raw: dict[str, Any]) -> None:
-        try:
-            input = TrafficInput.model_validate(raw)
-            self.invalid: str | None = None
-        except ValidationError as exc:
-            self.invalid = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
-            input = TrafficInput(cluster=str(raw.get("cluster") or "?") if isinstance(raw, dict) else "?")
+        self.invalid = input_error(raw, TrafficInput)
+        input = TrafficInput.model_validate(raw) if self.invalid is None else TrafficInput(
+            cluster=str(raw.get("cluster") or "?") if isinstance(raw, dict) else "?")
         self._init_state(input.cluster, "", workflow.info().workflow_id, input.dry_run)
         self.input = input
         self.stop_request: Operator | None = None
@@ -54,9 +49,7 @@ class TrafficRunbook(Runbook):
 
     async def begin(self) -> TrafficSnapshot:
         """A valid input, the policy, and the cluster as it is now (the `confirm` step's reading)."""
-        if self.invalid is not None:
-            raise ApplicationError(f"invalid {self.runbook} input: {self.invalid}", type="InvalidInput",
-                                   non_retryable=True)
+        self.fail_if_invalid(self.invalid)
         await self.load_policy()
         self.enter("confirm")
         return await self.snapshot("confirm")
