@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from temporalio.client import Client
 
 from fleetmedic.models import RunbookStatus
@@ -50,6 +51,20 @@ async def test_run_starts_once_per_node_and_status_lists_it(client: Client, task
     assert status.returncode == 0 and workflow_id in status.stdout, status.stdout + status.stderr
     handle = client.get_workflow_handle(workflow_id, result_type=RunbookStatus)
     await handle.terminate("test over")
+
+
+@pytest.mark.parametrize("runbook", ["traffic-flip", "migrate-back", "kueue-quota-sync"])
+async def test_run_starts_a_cluster_runbook_under_its_cluster_id(client: Client, task_queue: str,
+                                                                 runbook: str) -> None:
+    address = client.service_client.config.target_host
+    env = {"FLEETMEDIC_TASK_QUEUE": task_queue, "FLEETMEDIC_CLUSTER": f"c-{task_queue}", "PATH": "/usr/bin:/bin"}
+    first = fleetmedic("run", runbook, "--dry-run", "--address", address, env=env)
+    second = fleetmedic("run", runbook, "--address", address, env=env)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    workflow_id = f"{runbook}/c-{task_queue}"
+    assert first.stdout.split()[0] == workflow_id and "shadow mode" in first.stdout
+    assert first.stdout.split()[2] == second.stdout.split()[2]  # attached, not started twice
+    await client.get_workflow_handle(workflow_id).terminate("test over")
 
 
 def test_unreachable_temporal_is_a_clear_error() -> None:

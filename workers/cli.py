@@ -13,6 +13,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+from pydantic import BaseModel
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
@@ -196,56 +197,33 @@ async def client_command(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def run_command(client: Client, args: argparse.Namespace, settings: Settings) -> int:
+    """Start a runbook by hand; a second start for the same ID attaches to the running one."""
     cluster = args.cluster or settings.cluster
-    if args.runbook == "kueue-quota-sync":
-        return await quota_sync_command(client, args, settings, cluster)
-    if args.runbook in ("traffic-flip", "migrate-back"):
-        return await traffic_command(client, args, settings, cluster)
-    runbook_input = NodeRunbookInput(cluster=cluster, node=args.node, gpu=args.gpu, xid=args.xid,
-                                     temperature_c=args.temperature, dry_run=args.dry_run, requested_by=args.by)
-    workflow_id = node_workflow_id(args.runbook, cluster, args.node)
+    node = args.node if args.runbook in NODE_RUNBOOKS else ""
+    runbook_input: BaseModel
+    if node:
+        runbook_input = NodeRunbookInput(cluster=cluster, node=node, gpu=args.gpu, xid=args.xid,
+                                         temperature_c=args.temperature, dry_run=args.dry_run, requested_by=args.by)
+    elif args.runbook == "kueue-quota-sync":
+        runbook_input = QuotaSyncInput(cluster=cluster, dry_run=args.dry_run, requested_by=args.by)
+    else:
+        runbook_input = TrafficInput(cluster=cluster, dry_run=args.dry_run, requested_by=args.by)
+    workflow_id = node_workflow_id(args.runbook, cluster, node) if node else cluster_workflow_id(args.runbook, cluster)
     handle = await client.start_workflow(
         args.runbook, runbook_input, result_type=RunbookStatus, id=workflow_id, task_queue=settings.task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        search_attributes=start_attributes(args.runbook, cluster, args.node, args.xid, args.dry_run))
+        search_attributes=start_attributes(args.runbook, cluster, node, args.xid if node else None, args.dry_run))
     print(f"{workflow_id} (run {handle.result_run_id}): started{' in shadow mode' if args.dry_run else ''}")
     if args.wait:
         report = await handle.result()
-        print(f"outcome: {report.outcome if isinstance(report, RunbookStatus) else report}")
-    return 0
-
-
-async def quota_sync_command(client: Client, args: argparse.Namespace, settings: Settings, cluster: str) -> int:
-    """One kueue-quota-sync pass now (the Schedule runs it too); with --dry-run --wait, the diff."""
-    workflow_id = cluster_workflow_id("kueue-quota-sync", cluster)
-    handle = await client.start_workflow(
-        "kueue-quota-sync", QuotaSyncInput(cluster=cluster, dry_run=args.dry_run, requested_by=args.by),
-        id=workflow_id, task_queue=settings.task_queue, result_type=RunbookStatus,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        search_attributes=start_attributes("kueue-quota-sync", cluster, dry_run=args.dry_run))
-    print(f"{workflow_id} (run {handle.result_run_id}): started{' in shadow mode' if args.dry_run else ''}")
-    if args.wait:
-        report = await handle.result()
-        for decision in report.decisions:
-            if decision.step == "compare":
-                print(f"  {decision.result}")
-        print(f"outcome: {report.outcome}")
-    return 0
-
-
-async def traffic_command(client: Client, args: argparse.Namespace, settings: Settings, cluster: str) -> int:
-    """traffic-flip/<cluster> or migrate-back/<cluster>; a second start attaches to the running one."""
-    workflow_id = cluster_workflow_id(args.runbook, cluster)
-    handle = await client.start_workflow(
-        args.runbook, TrafficInput(cluster=cluster, dry_run=args.dry_run, requested_by=args.by), id=workflow_id,
-        task_queue=settings.task_queue, result_type=RunbookStatus,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        search_attributes=start_attributes(args.runbook, cluster, dry_run=args.dry_run))
-    print(f"{workflow_id} (run {handle.result_run_id}): started{' in shadow mode' if args.dry_run else ''}")
-    if args.wait:
-        report = await handle.result()
-        print(f"outcome: {report.outcome}: {report.decisions[-1].result if report.decisions else ''}")
+        if args.runbook == "kueue-quota-sync":  # the diff, one line per queue and flavor
+            for decision in report.decisions:
+                if decision.step == "compare":
+                    print(f"  {decision.result}")
+        traffic = args.runbook in ("traffic-flip", "migrate-back")
+        why = report.decisions[-1].result if traffic and report.decisions else ""
+        print(f"outcome: {report.outcome}" + (f": {why}" if why else ""))
     return 0
 
 
