@@ -171,8 +171,14 @@ class KubernetesActivities:
                 field_selector=f"spec.nodeName={node}", _request_timeout=self.timeout).items)
 
     @activity.defn(name="k8s.get_node")
-    def get_node(self, name: str) -> NodeInfo:
-        return node_info(self.read_node(name), self.policy.labels.gpu_resource)
+    def get_node(self, name: str) -> NodeInfo | None:
+        """The node, or None when it does not exist (the runbook ends `unknown-node`)."""
+        try:
+            return node_info(self.read_node(name), self.policy.labels.gpu_resource)
+        except Exception as exc:
+            if getattr(exc, "type", None) == ErrorKind.NOT_FOUND:
+                return None
+            raise
 
     @activity.defn(name="k8s.list_nodes")
     def list_nodes(self, label_selector: str) -> list[NodeInfo]:
@@ -196,7 +202,12 @@ class KubernetesActivities:
         """The opt-out label on the node or on any pod running on it stops destructive steps."""
         key, value = self.policy.labels.opt_out_pair
         reasons = []
-        labels = self.read_node(node).metadata.labels or {}
+        try:
+            labels = self.read_node(node).metadata.labels or {}
+        except Exception as exc:
+            if getattr(exc, "type", None) == ErrorKind.NOT_FOUND:
+                return OptOut(opted_out=False, missing=True, reasons=[f"node {node} does not exist"])
+            raise
         if labels.get(key) == value:
             reasons.append(f"node {node} has {key}={value}")
         for pod in self.pods_on(node):

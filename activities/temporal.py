@@ -14,11 +14,13 @@ from typing import Any
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from fleetmedic.ids import cluster_workflow_id, guard_workflow_id, start_attributes
 from fleetmedic.models import GuardState, LeaseRequest, Operator
 from fleetmedic.quota import QuotaSyncInput
+from fleetmedic.trust import UntrustedValue, visibility_literal
 
 
 class TemporalActivities:
@@ -83,11 +85,22 @@ class TemporalActivities:
 
     @activity.defn(name="temporal.count_remediations")
     async def count_remediations(self, cluster: str, node: str, since: datetime) -> int:
-        """Runs that took this node out of service since `since`: the lemon-node rule counts them."""
-        query = (f'FleetCluster = "{cluster}" AND FleetNode = "{node}" AND ExecutionStatus != "Running" '
-                 f'AND FleetOutcome IN ("remediated", "quarantined", "lemon") '
-                 f'AND StartTime > "{since.isoformat().replace("+00:00", "Z")}"')
-        return (await self.client.count_workflows(query)).count
+        """Live runs that took this node out of service since `since`: the lemon-node rule counts
+        them. Shadow (dry-run) runs never count: rolling a policy out in shadow first must not send
+        a node to RMA on its first live failure."""
+        try:
+            query = (f"FleetCluster = {visibility_literal(cluster)} AND FleetNode = {visibility_literal(node)} "
+                     'AND ExecutionStatus != "Running" AND FleetOutcome IN ("remediated", "quarantined", "lemon") '
+                     f'AND FleetDryRun = false AND StartTime > "{since.isoformat().replace("+00:00", "Z")}"')
+            return (await self.client.count_workflows(query)).count
+        except UntrustedValue as exc:
+            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from None
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.INVALID_ARGUMENT:
+                # Retrying a query the server refuses cannot succeed: fail the step so it escalates.
+                raise ApplicationError(f"visibility refused the query: {exc.message}", type="InvalidInput",
+                                       non_retryable=True) from None
+            raise
 
     def activities(self) -> list[Callable[..., Any]]:
         return [self.request_lease, self.release_lease, self.request_quota_sync, self.stop_runbook, self.running,

@@ -89,6 +89,8 @@ async def measure(runs: int, nodes: int) -> dict[str, object]:
                                 task_queue="bench")
             latencies: list[float] = []
             wall = time.monotonic()
+            # Each round is its own cluster (fresh workflow IDs); the worker serves them all.
+            policy = policy.serving(*(f"bench{r}" for r in range(runs // max(nodes, 1) + 1)))
             async with build_worker(env.client, settings, policy):
                 round_no = 0
                 while len(latencies) < runs:

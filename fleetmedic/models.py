@@ -100,6 +100,7 @@ class PodInfo(_Model):
 class OptOut(_Model):
     opted_out: bool
     reasons: list[str] = Field(default_factory=list)
+    missing: bool = False  # the node does not exist (an alert for a node that is not in the cluster)
 
 
 class EvictRequest(_Model):
@@ -418,8 +419,11 @@ class AlertAnswer(_Model):
     fingerprint: str
     runbook: str | None
     workflow_id: str | None
-    action: Literal["started", "attached", "ignored"]
+    # refused: meant for a runbook but unusable (unknown cluster, invalid node name, ...);
+    # ignored: not for FleetMedic or nothing to do (no route, a resend of a remediated incident).
+    action: Literal["started", "attached", "ignored", "refused"]
     reason: str
+    code: str = ""  # machine-readable reason: the `reason` label of fleetmedic_webhook_alerts_total
 
 
 # --- fleet guard ---------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from fleetmedic.durations import Duration
 from fleetmedic.quota import QueueShare
+from fleetmedic.trust import cluster_name_error
 from fleetmedic.xid import BurstRule, XidAction, XidRule, default_burst, default_catalog, default_reset_repeat
 
 
@@ -235,6 +236,10 @@ class Route(_Strict):
     alertname: str = Field(min_length=1)
     match: dict[str, str] = Field(default_factory=dict)
     runbook: Literal["xid-recovery", "hot-gpu-pull", "nvlink-fault-replace", "traffic-flip", "migrate-back"]
+    # One incident, one remediation: a firing alert whose startsAt is not later than the end of the
+    # last closed run for its workflow ID is a resend of an incident already handled (dcgm-exporter's
+    # XID gauge and Alertmanager's repeat_interval both resend). `reopen: true` starts a new run anyway.
+    reopen: bool = False
 
 
 def _default_routes() -> list[Route]:
@@ -252,10 +257,33 @@ class RoutingPolicy(_Strict):
     routes: list[Route] = Field(default_factory=_default_routes)
     # Where each input is read from, first label present wins.
     node_labels: list[str] = Field(default_factory=lambda: ["node", "Hostname", "kubernetes_node"])
-    gpu_labels: list[str] = Field(default_factory=lambda: ["gpu", "GPU_I_ID"])
+    # dcgm-exporter's `gpu` is the GPU index; its `GPU_I_ID` is the MIG instance, not a GPU.
+    gpu_labels: list[str] = Field(default_factory=lambda: ["gpu"])
     xid_labels: list[str] = Field(default_factory=lambda: ["xid", "err_code"])
     cluster_label: str = "cluster"
     default_cluster: str = "default"
+    # The clusters this deployment serves (each has its own fleet guard and budget). An alert's
+    # cluster label may only select among them; empty: default_cluster alone.
+    clusters: list[str] = Field(default_factory=list)
+
+    @field_validator("default_cluster")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        if (error := cluster_name_error(value)) is not None:
+            raise ValueError(error)
+        return value
+
+    @field_validator("clusters")
+    @classmethod
+    def _cluster_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if (error := cluster_name_error(name)) is not None:
+                raise ValueError(error)
+        return value
+
+    @property
+    def served_clusters(self) -> tuple[str, ...]:
+        return tuple(self.clusters) or (self.default_cluster,)
 
 
 class KueuePolicy(_Strict):
@@ -332,6 +360,12 @@ class Policy(_Strict):
     routing: RoutingPolicy = RoutingPolicy()
     kueue: KueuePolicy = KueuePolicy()
     traffic: TrafficPolicy = TrafficPolicy()
+
+    def serving(self, *clusters: str) -> Policy:
+        """This policy serving `clusters` as well (tests and benchmarks run one cluster each)."""
+        served = list(dict.fromkeys([*self.routing.clusters, *clusters]))
+        return self.model_copy(update={"routing": RoutingPolicy.model_validate(
+            {**self.routing.model_dump(), "clusters": served})})
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:

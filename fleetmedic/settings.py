@@ -54,6 +54,9 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "agent: GPUs the node should have (metric and validation)"),
     EnvVar("FLEETMEDIC_INFINIBAND_ROOT", "/sys/class/infiniband", "agent: where InfiniBand devices are read"),
     EnvVar("FLEETMEDIC_METRICS_PORT", "9464", "worker Prometheus metrics port (0 disables)"),
+    EnvVar("FLEETMEDIC_METRICS_HOST", "0.0.0.0", "address the worker's metrics port listens on"),
+    EnvVar("FLEETMEDIC_WEBHOOK_TEMPORAL_TIMEOUT", "5",
+           "webhook: seconds Temporal gets to answer an alert batch before the webhook answers 503"),
     EnvVar("FLEETMEDIC_ACTIVITY_THREADS", "64", "threads for blocking activity calls"),
     EnvVar("FLEETMEDIC_DRY_RUN", "false", "force shadow mode for every runbook of this process"),
 )
@@ -89,6 +92,8 @@ class Settings(BaseModel):
     agent_expected_gpus: int | None = Field(None, ge=0, le=64)
     infiniband_root: str = "/sys/class/infiniband"
     metrics_port: int = Field(9464, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+    webhook_temporal_timeout_s: float = Field(5.0, gt=0, le=60)
     activity_threads: int = Field(64, ge=1, le=4096)
     dry_run: bool = False
 
@@ -119,6 +124,8 @@ class Settings(BaseModel):
             "agent_expected_gpus": "FLEETMEDIC_AGENT_EXPECTED_GPUS",
             "infiniband_root": "FLEETMEDIC_INFINIBAND_ROOT",
             "metrics_port": "FLEETMEDIC_METRICS_PORT",
+            "metrics_host": "FLEETMEDIC_METRICS_HOST",
+            "webhook_temporal_timeout_s": "FLEETMEDIC_WEBHOOK_TEMPORAL_TIMEOUT",
             "activity_threads": "FLEETMEDIC_ACTIVITY_THREADS",
             "dry_run": "FLEETMEDIC_DRY_RUN",
         }

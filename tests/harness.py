@@ -78,7 +78,8 @@ def settings_for(task_queue: str, kube: KubeEmulatorThread, *, slurm: LocalSlurm
 
 
 def worker_for(client: Client, settings: Settings, policy: Policy) -> Worker:
-    return build_worker(client, settings, policy)
+    """A worker serving the test's own cluster (tests name their cluster after their task queue)."""
+    return build_worker(client, settings, policy.serving(settings.task_queue))
 
 
 def job_on(slurm: LocalSlurmCluster, job_id: int, timeout_s: float = 20) -> str:

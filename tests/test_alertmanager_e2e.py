@@ -173,6 +173,24 @@ async def test_temporal_down_is_a_503_and_the_retried_alert_starts_later(tmp_pat
                     assert again.json()["alerts"][0]["action"] == "started"
 
                 await eventually(accepted, 60)
+
+                # A hung frontend (SIGSTOP: the port accepts, nothing answers) is a 503 within the
+                # webhook's Temporal timeout (5 s here), not a 500 after the client's own 30 s.
+                hung = {**body, "alerts": [{**body["alerts"][0], "fingerprint": "f2",
+                                            "labels": {**body["alerts"][0]["labels"], "node": "gpu-2"}}]}
+                temporal.send_signal(signal.SIGSTOP)
+                try:
+                    stalled = await asyncio.wait_for(http.post("/v1/alerts/alertmanager", json=hung), 15)
+                    assert stalled.status_code == 503 and "retry" in stalled.json()["error"], stalled.text
+                finally:
+                    temporal.send_signal(signal.SIGCONT)
+
+                async def accepted_after_hang() -> None:
+                    again = await http.post("/v1/alerts/alertmanager", json=hung)
+                    assert again.status_code == 202, again.text
+                    assert again.json()["alerts"][0]["action"] == "started"
+
+                await eventually(accepted_after_hang, 60)
     finally:
         temporal.send_signal(signal.SIGTERM)
         temporal.wait(20)

@@ -96,7 +96,7 @@ async def test_worker_killed_after_each_side_effect(moment: str, client: Client,
     policy = quick_policy(tmp_path, provider={"kind": "http", "http": {"url": provider_http.url}},
                           retries={"call_timeout": "6s"})
     policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(yaml.safe_dump(policy.model_dump(mode="json", by_alias=True)))
+    policy_file.write_text(yaml.safe_dump(policy.serving(task_queue).model_dump(mode="json", by_alias=True)))
     env = {**os.environ, "TEMPORAL_ADDRESS": client.service_client.config.target_host,
            "FLEETMEDIC_TASK_QUEUE": task_queue, "FLEETMEDIC_POLICY": str(policy_file),
            "KUBECONFIG": str(kube.kubeconfig), "FLEETMEDIC_KUBE_TIMEOUT": "2",  # type: ignore[attr-defined]

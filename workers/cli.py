@@ -24,6 +24,7 @@ from fleetmedic.policy import PolicyError, load_policy
 from fleetmedic.quota import QuotaSyncInput
 from fleetmedic.settings import Settings, SettingsError
 from fleetmedic.traffic import TrafficInput
+from fleetmedic.trust import UntrustedValue, checked_node, cluster_name_error, visibility_literal
 
 
 def parser() -> argparse.ArgumentParser:
@@ -42,7 +43,8 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("worker", help="run the Temporal worker (runbooks and activities)")
     webhook = sub.add_parser("webhook", help="run the Alertmanager webhook receiver")
-    webhook.add_argument("--host", default="0.0.0.0")
+    webhook.add_argument("--host", default=None,
+                         help="listen address (default: 0.0.0.0 in a container, else 127.0.0.1)")
     webhook.add_argument("--port", type=int, default=8080)
     webhook.add_argument("--insecure-no-auth", action="store_true",
                          help="accept alerts without a bearer token (only on a trusted network)")
@@ -97,6 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     args = cli.parse_args(argv)
     if args.command == "run" and args.runbook in NODE_RUNBOOKS and not args.node:
         cli.error(f"run {args.runbook}: --node is required")
+    if args.command == "run" and args.runbook == "xid-recovery" and args.xid is None:
+        cli.error("run xid-recovery: --xid is required (the XID decides what the runbook does)")
+    if args.command == "run" and args.runbook in NODE_RUNBOOKS:
+        try:  # the same rule the webhook applies to alert labels (fleetmedic/trust.py)
+            args.node = checked_node(args.node)
+        except UntrustedValue as exc:
+            cli.error(f"run {args.runbook}: --node: {exc}")
+    if getattr(args, "cluster", None) and (error := cluster_name_error(args.cluster)):
+        cli.error(f"--cluster: {error}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = Settings.from_env()
@@ -117,11 +128,11 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(run_worker(settings, policy))
             return 0
         if args.command == "webhook":
-            from workers.webhook import serve
+            from workers.webhook import default_listen_host, serve
 
             policy = load_policy(settings.policy_path)
             _apply_address(args)
-            asyncio.run(serve(settings, policy, host=args.host, port=args.port,
+            asyncio.run(serve(settings, policy, host=args.host or default_listen_host(), port=args.port,
                               insecure_no_auth=args.insecure_no_auth))
             return 0
         if args.command == "agent":
@@ -257,7 +268,7 @@ async def guard_lines(client: Client, cluster: str) -> list[str]:
 async def status_command(client: Client, settings: Settings) -> int:
     for line in await guard_lines(client, settings.cluster):
         print(line)
-    query = f'FleetCluster = "{settings.cluster}" AND ExecutionStatus = "Running"'
+    query = f'FleetCluster = {visibility_literal(settings.cluster)} AND ExecutionStatus = "Running"'
     rows = []
     async for execution in client.list_workflows(query):
         handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)

@@ -3,45 +3,52 @@
 - `POST /v1/alerts/alertmanager` with `Authorization: Bearer <FLEETMEDIC_WEBHOOK_TOKEN>`;
 - each alert is routed by the policy to a runbook and a workflow ID (`<runbook>/<cluster>/<node>`);
   a firing alert signal-with-starts that workflow (it starts it, or attaches to the running one);
-  a resolved alert is signalled to the running workflow and starts nothing;
-- 202 with one entry per alert; 400 with the reason; 401; 413; 503 when Temporal cannot be reached
-  (the whole batch: Alertmanager resends it, and what already arrived attaches idempotently);
-- `GET /healthz` (checks Temporal) and `GET /metrics`.
+  a resolved alert is signalled to the running workflow and starts nothing; a firing alert whose
+  `startsAt` is not later than the end of the last closed run for its workflow ID is a resend of an
+  incident already remediated and starts nothing (unless its route says `reopen`);
+- the alerts of a batch are handled concurrently (bounded across every request);
+- 202 with one entry per alert (`started`, `attached`, `ignored` or `refused`, with a reason and a
+  reason code); 400 with the reason; 401; 413; 503 when Temporal cannot be reached or does not answer
+  within FLEETMEDIC_WEBHOOK_TEMPORAL_TIMEOUT (the whole batch: Alertmanager resends it, and what
+  already arrived attaches idempotently). Never any other 5xx;
+- `GET /healthz` (checks Temporal) and `GET /metrics` (every alert not acted on, by reason).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from fleetmedic.ids import start_attributes
+from fleetmedic.ids import FLEET_OUTCOME, start_attributes
 from fleetmedic.models import Alert, AlertAnswer, AlertmanagerPayload, RunbookStatus
 from fleetmedic.policy import Policy, RoutingPolicy
-from fleetmedic.routing import Ignored, Routed, route
+from fleetmedic.routing import Ignored, Refused, Routed, route
 from fleetmedic.settings import Settings, SettingsError
 from workers.temporal_client import connect
 
 log = logging.getLogger(__name__)
 MAX_BODY = 1024 * 1024  # Alertmanager batches are small; a megabyte is a misbehaving sender
-
-# Temporal answers that mean "not now, try again": the sender must retry, nothing is lost.
-UNAVAILABLE = {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED,
-               RPCStatusCode.ABORTED, RPCStatusCode.INTERNAL, RPCStatusCode.UNKNOWN}
+# Temporal calls in flight at once for all requests together: enough to start a storm's runbooks
+# at the rate the server takes them, few enough not to queue thousands of RPCs on a slow server.
+MAX_CONCURRENT_CALLS = 64
+T = TypeVar("T")
 
 
 class TemporalUnavailable(Exception):
@@ -49,28 +56,41 @@ class TemporalUnavailable(Exception):
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, alertnames: frozenset[str]) -> None:
         self.registry = CollectorRegistry()
+        # Alert names are untrusted: only routed names become label values, the rest are "other".
+        self.alertnames = alertnames
         self.received = Counter("fleetmedic_alerts_received", "alerts received, by name and status",
                                 ["alertname", "status"], registry=self.registry)
         self.runbooks = Counter("fleetmedic_webhook_runbooks", "alerts answered, by runbook and action",
                                 ["runbook", "action"], registry=self.registry)
+        self.alerts = Counter("fleetmedic_webhook_alerts", "alerts answered, by outcome (started, attached, "
+                              "ignored, refused) and reason code", ["outcome", "reason"], registry=self.registry)
         self.rejected = Counter("fleetmedic_webhook_rejected", "requests refused, by reason", ["reason"],
                                 registry=self.registry)
         self.latency = Histogram("fleetmedic_webhook_request_seconds", "time to answer a webhook request",
                                  registry=self.registry)
+        self.insecure = Gauge("fleetmedic_webhook_insecure_no_auth", "1 when the webhook accepts alerts without "
+                              "a token (--insecure-no-auth)", registry=self.registry)
+
+    def alertname(self, name: str) -> str:
+        return name if name in self.alertnames else "other"
 
 
 class AlertReceiver:
     def __init__(self, client: Client, routing: RoutingPolicy, task_queue: str, token: str | None,
-                 available: frozenset[str], max_body: int = MAX_BODY) -> None:
+                 available: frozenset[str], max_body: int = MAX_BODY, temporal_timeout: float = 5.0) -> None:
         self.client = client
         self.routing = routing
         self.task_queue = task_queue
         self.token = token
         self.available = available
         self.max_body = max_body
-        self.metrics = Metrics()
+        # One bound for a whole batch: past it the answer is 503 and Alertmanager retries.
+        self.temporal_timeout = temporal_timeout
+        self.calls = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
+        self.metrics = Metrics(frozenset(r.alertname for r in routing.routes))
+        self.metrics.insecure.set(1 if token is None else 0)
 
     # --- HTTP -----------------------------------------------------------------------------------
 
@@ -108,6 +128,10 @@ class AlertReceiver:
         started = time.monotonic()
         try:
             return await self._alerts(request)
+        except Exception:
+            # Never a 500: Alertmanager would resend forever without anyone being told why.
+            log.exception("unexpected error answering an alert batch")
+            return self._refuse(503, "internal_error", "internal error, retry (see the webhook's log)")
         finally:
             self.metrics.latency.observe(time.monotonic() - started)
 
@@ -122,17 +146,22 @@ class AlertReceiver:
         except (ValueError, ValidationError, RecursionError) as exc:
             return self._refuse(400, "invalid", _reason(exc))
         try:
-            answers = [await self.handle(alert) for alert in payload.alerts]
+            async with asyncio.timeout(self.temporal_timeout):
+                answers = await asyncio.gather(*(self.handle(alert) for alert in payload.alerts))
+        except TimeoutError:
+            return self._refuse(503, "temporal_unavailable",
+                                f"Temporal did not answer within {self.temporal_timeout:g} s, retry")
         except TemporalUnavailable as exc:
             return self._refuse(503, "temporal_unavailable", f"Temporal unavailable, retry: {exc}")
         return JSONResponse({"alerts": [a.model_dump() for a in answers]}, status_code=202)
 
     async def healthz(self, request: Request) -> Response:
+        insecure = {"warning": "accepting alerts without a token (--insecure-no-auth)"} if self.token is None else {}
         try:
             await self.client.service_client.check_health(timeout=timedelta(seconds=3))
         except Exception as exc:
-            return JSONResponse({"ok": False, "temporal": str(exc)}, status_code=503)
-        return JSONResponse({"ok": True, "temporal": "serving"})
+            return JSONResponse({"ok": False, "temporal": str(exc), **insecure}, status_code=503)
+        return JSONResponse({"ok": True, "temporal": "serving", **insecure})
 
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -140,53 +169,89 @@ class AlertReceiver:
     # --- one alert ----------------------------------------------------------------------------
 
     async def handle(self, alert: Alert) -> AlertAnswer:
-        name = alert.labels.get("alertname", "")
-        self.metrics.received.labels(name, alert.status).inc()
+        self.metrics.received.labels(self.metrics.alertname(alert.labels.get("alertname", "")), alert.status).inc()
         decision = route(alert, self.routing, self.available)
         if isinstance(decision, Ignored):
-            return self._answer(alert, decision.runbook, None, "ignored", decision.reason)
-        if alert.status == "resolved":
-            return await self._resolve(alert, decision)
+            return self._answer(alert, decision.runbook, None, "ignored", decision.reason, decision.code)
+        if isinstance(decision, Refused):
+            return self._answer(alert, decision.runbook, None, "refused", decision.reason, decision.code)
+        try:
+            if alert.status == "resolved":
+                return await self._resolve(alert, decision)
+            return await self._fire(alert, decision)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.INVALID_ARGUMENT:
+                # Temporal refuses this alert's start (an ID or input it does not take): the rest of
+                # the batch goes on, and the answer says why.
+                return self._answer(alert, decision.runbook, decision.workflow_id, "refused",
+                                    f"Temporal refused it: {exc.message[:200]}", "temporal_invalid_argument")
+            raise TemporalUnavailable(f"{exc.status.name if exc.status else 'error'}: {exc.message[:200]}") from exc
+
+    async def _fire(self, alert: Alert, decision: Routed) -> AlertAnswer:
+        if not decision.route.reopen and alert.starts_at is not None:
+            closed = await self._closed_run(decision.workflow_id)
+            if closed is not None and closed[0] is not None and alert.starts_at <= closed[0]:
+                close_time, outcome = closed
+                return self._answer(alert, decision.runbook, decision.workflow_id, "ignored",
+                                    f"already remediated at {close_time.isoformat()}"
+                                    + (f" (outcome {outcome})" if outcome else "")
+                                    + "; the alert started before that run ended", "already_remediated")
         handle = await self._temporal(lambda: self.client.start_workflow(
             decision.runbook, decision.input, id=decision.workflow_id, task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             start_signal="alert", start_signal_args=[alert], result_type=RunbookStatus,
             search_attributes=start_attributes(decision.runbook, decision.cluster, decision.node,
-                                               decision.input.xid)))
+                                               decision.input.xid),
+            rpc_timeout=self._rpc_timeout()))
         if _started(handle):
             return self._answer(alert, decision.runbook, decision.workflow_id, "started",
-                                f"new run {handle.result_run_id}")
+                                f"new run {handle.result_run_id}", "new_run")
         return self._answer(alert, decision.runbook, decision.workflow_id, "attached",
-                            f"signalled the running run {handle.result_run_id}")
+                            f"signalled the running run {handle.result_run_id}", "running_run")
+
+    async def _closed_run(self, workflow_id: str) -> tuple[datetime | None, str | None] | None:
+        """(close time, outcome) of the latest run of `workflow_id` when it has closed; None when
+        it runs or never ran."""
+        try:
+            description = await self._temporal(lambda: self.client.get_workflow_handle(workflow_id).describe(
+                rpc_timeout=self._rpc_timeout()))
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+        if description.status == WorkflowExecutionStatus.RUNNING:
+            return None
+        return description.close_time, description.typed_search_attributes.get(FLEET_OUTCOME)
 
     async def _resolve(self, alert: Alert, decision: Routed) -> AlertAnswer:
         handle = self.client.get_workflow_handle(decision.workflow_id)
         try:
-            await self._temporal(lambda: handle.signal("alert", alert))
+            await self._temporal(lambda: handle.signal("alert", alert, rpc_timeout=self._rpc_timeout()))
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 return self._answer(alert, decision.runbook, decision.workflow_id, "ignored",
-                                    "resolved, and no runbook is running for it")
+                                    "resolved, and no runbook is running for it", "resolved_not_running")
             raise
         return self._answer(alert, decision.runbook, decision.workflow_id, "attached",
-                            "resolution delivered to the running run")
+                            "resolution delivered to the running run", "resolution")
 
-    async def _temporal(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        try:
-            return await call()
-        except RPCError as exc:
-            if exc.status in UNAVAILABLE:
-                raise TemporalUnavailable(exc.message) from exc
-            raise
-        except RuntimeError as exc:  # the client could not connect at all
-            raise TemporalUnavailable(str(exc)) from exc
+    def _rpc_timeout(self) -> timedelta:
+        return timedelta(seconds=self.temporal_timeout)
+
+    async def _temporal(self, call: Callable[[], Awaitable[T]]) -> T:
+        async with self.calls:
+            try:
+                return await call()
+            except RuntimeError as exc:  # the client could not connect at all
+                raise TemporalUnavailable(str(exc)) from exc
 
     def _answer(self, alert: Alert, runbook: str | None, workflow_id: str | None, action: str,
-                reason: str) -> AlertAnswer:
+                reason: str, code: str) -> AlertAnswer:
         self.metrics.runbooks.labels(runbook or "none", action).inc()
+        self.metrics.alerts.labels(action, code).inc()
         return AlertAnswer(fingerprint=alert.fingerprint, runbook=runbook, workflow_id=workflow_id,
-                           action=action, reason=reason)  # type: ignore[arg-type]
+                           action=action, reason=reason, code=code)  # type: ignore[arg-type]
 
 
 def _started(handle: WorkflowHandle[Any, Any]) -> bool:
@@ -209,13 +274,25 @@ async def serve(settings: Settings, policy: Policy, *, host: str, port: int, ins
     if not settings.webhook_token and not insecure_no_auth:
         raise SettingsError("FLEETMEDIC_WEBHOOK_TOKEN is not set: refusing to accept alerts from anyone "
                             "(give --insecure-no-auth to run without a token)")
+    if insecure_no_auth and not settings.webhook_token:
+        log.warning("--insecure-no-auth: accepting alerts from anyone who reaches %s:%d without a token; "
+                    "run it this way only on a trusted network", host, port)
     # Lazy: the webhook starts, and answers 503, while Temporal is unreachable.
     client = await connect(lazy=True)
     receiver = AlertReceiver(client, policy.routing, settings.task_queue, settings.webhook_token,
-                             available_runbooks())
+                             available_runbooks(), temporal_timeout=settings.webhook_temporal_timeout_s)
     config = uvicorn.Config(receiver.app(), host=host, port=port, log_level="info", access_log=False)
-    log.info("webhook listening on %s:%d, runbooks %s", host, port, sorted(receiver.available))
+    log.info("webhook listening on %s:%d, runbooks %s, clusters %s", host, port, sorted(receiver.available),
+             list(policy.routing.served_clusters))
     await uvicorn.Server(config).serve()
+
+
+def default_listen_host() -> str:
+    """0.0.0.0 in a container (its network namespace is the boundary), else loopback only: on an
+    operator's machine the webhook is not offered to the whole network by default."""
+    in_container = (os.environ.get("KUBERNETES_SERVICE_HOST") or os.path.exists("/.dockerenv")
+                    or os.path.exists("/run/.containerenv"))
+    return "0.0.0.0" if in_container else "127.0.0.1"
 
 
 def _reason(exc: Exception) -> str:

@@ -109,11 +109,12 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
     )
 
 
-def metrics_runtime(port: int) -> Runtime | None:
-    """The SDK's own metrics (task latency, slots, workflow outcomes) on /metrics at `port`."""
+def metrics_runtime(port: int, host: str = "0.0.0.0") -> Runtime | None:
+    """The SDK's own metrics (task latency, slots, workflow outcomes) on /metrics at `host:port`."""
     if port == 0:
         return None
-    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"0.0.0.0:{port}")))
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=address)))
 
 
 async def run_worker(settings: Settings, policy: Policy | None = None, stop: asyncio.Event | None = None) -> None:
@@ -123,7 +124,7 @@ async def run_worker(settings: Settings, policy: Policy | None = None, stop: asy
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     policy = policy or load_policy(settings.policy_path)
-    client = await connect(runtime=metrics_runtime(settings.metrics_port))
+    client = await connect(runtime=metrics_runtime(settings.metrics_port, settings.metrics_host))
     try:
         await ensure_search_attributes(client)
     except Exception:

@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         WaitNodeReady,
     )
     from fleetmedic.policy import Policy
+    from fleetmedic.trust import node_name_error
 
 POLL = timedelta(seconds=2)
 # A fault confirmed before a lease that took longer than this to come is confirmed again.
@@ -94,12 +95,16 @@ class NodeRunbook(Runbook):
         the CLI, the webhook) and is validated here, so a bad one fails the run with the reason
         instead of a stuck workflow task."""
         self.invalid = input_error(raw, NodeRunbookInput)
+        if self.invalid is None:
+            # The node name reaches the Kubernetes API, Slurm and visibility queries: the same rule
+            # as the webhook's (fleetmedic/trust.py), whoever started the run.
+            self.invalid = node_name_error(str(raw.get("node", "")))
         input = NodeRunbookInput.model_validate(raw) if self.invalid is None else NodeRunbookInput(
             cluster=str(raw.get("cluster") or "?"), node=str(raw.get("node") or "?"))
         self._init_state(input.cluster, input.node, workflow.info().workflow_id, input.dry_run)
         self.input = input
         if input.alert is not None:
-            self.alerts.append(input.alert)
+            self.remember_alert(input.alert)
         return input
 
     async def run_to_outcome(self, body: Callable[[], Awaitable[Any]]) -> RunbookStatus:
@@ -142,6 +147,13 @@ class NodeRunbook(Runbook):
             workflow.execute_local_activity("config.context", result_type=RunContext,
                                             start_to_close_timeout=timedelta(seconds=10)))
         self.policy, self.context = Policy.model_validate(policy), RunContext.model_validate(context)
+        served = self.policy.routing.served_clusters
+        # Patched: runs recorded before the check existed replay without it.
+        if self.cluster not in served and workflow.patched("served-cluster-check"):
+            # Each cluster has its own fleet guard: a run for a cluster this deployment does not
+            # serve would create a guard of its own and bypass every budget.
+            raise NothingToDo("invalid-input", f"cluster {self.cluster!r} is not served by this FleetMedic "
+                                               f"(configured: {', '.join(served)})")
         if self.policy.shadow.enabled_for(self.runbook) and not self.dry_run:
             self.dry_run = True
             self.decide("load policy", f"shadow mode for {self.runbook} (policy): nothing will be changed")
@@ -167,6 +179,8 @@ class NodeRunbook(Runbook):
         self.enter(step)
         await self.approval_for(step, kinds or (step,))
         opt_out = await self.before_destructive(step)
+        if opt_out.missing:
+            raise NothingToDo("unknown-node", f"node {self.node} does not exist in Kubernetes (before {step})")
         if opt_out.opted_out:
             raise OptedOut(step, opt_out.reasons)
         self.mutated = True
@@ -214,7 +228,10 @@ class NodeRunbook(Runbook):
         if self.dry_run:
             self.decide("take disruption lease", "would take a disruption lease (shadow runs hold none)")
             return
+        skipped = self.skipped
         node = await self.call("take disruption lease", "k8s.get_node", self.node, NodeInfo)
+        if node is None and self.skipped == skipped:
+            raise NothingToDo("unknown-node", f"node {self.node} does not exist in Kubernetes: nothing to remediate")
         label = self.policy.budget.topology_label
         domain = node.labels.get(label, "") if node and label else ""
         request = LeaseRequest(workflow_id=self.workflow_id, node=self.node, domain=domain)

@@ -80,7 +80,13 @@ class Runbook:
         self.escalation: Escalation | None = None
         self.escalation_answer: EscalationAnswer | None = None
         self.replaced_signal: Replaced | None = None
+        self.skipped = 0  # steps an operator answered `skip` (their call returned None)
         self.alerts: list[Alert] = []
+        # Alertmanager resends a firing alert every repeat_interval and the whole group when any
+        # alert in it changes: one incident is one (fingerprint, startsAt, status), however often
+        # it arrives. Indices into `alerts` of the resends, which count as no new occurrence.
+        self.alert_keys: set[tuple[str, str, str]] = set()
+        self.alert_resends: set[int] = set()
         self.decisions: list[StepRecord] = []
         self.actions: list[ActionResult] = []
         self.outcome: str | None = None
@@ -118,7 +124,18 @@ class Runbook:
     @workflow.signal
     def alert(self, alert: Alert) -> None:
         """A duplicate, repeated or resolved alert for the incident this run owns."""
+        self.remember_alert(alert)
+
+    def remember_alert(self, alert: Alert) -> None:
+        key = (alert.fingerprint, alert.starts_at.isoformat() if alert.starts_at else "", alert.status)
+        if alert.fingerprint and key in self.alert_keys:
+            self.alert_resends.add(len(self.alerts))
+        self.alert_keys.add(key)
         self.alerts.append(alert)
+
+    def new_alerts(self, since: int) -> list[Alert]:
+        """Alerts that arrived after index `since`, less resends of an incident already seen."""
+        return [a for i, a in enumerate(self.alerts) if i >= since and i not in self.alert_resends]
 
     @workflow.signal
     def answer(self, answer: EscalationAnswer) -> None:
@@ -264,6 +281,7 @@ class Runbook:
                 if answer.action == "retry":
                     continue
                 if answer.action == "skip":
+                    self.skipped += 1
                     self.decide(step, f"skipped by {answer.by}: {answer.reason}")
                     return None
                 raise RunbookAborted(answer.by, answer.reason or f"abandoned at {step}") from err

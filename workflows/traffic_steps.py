@@ -40,7 +40,7 @@ class TrafficRunbook(Runbook):
         self.input = input
         self.stop_request: Operator | None = None
         if input.alert is not None:
-            self.alerts.append(input.alert)
+            self.remember_alert(input.alert)
 
     @workflow.signal
     def stop(self, operator: Operator) -> None:

@@ -32,6 +32,8 @@ from workflows.runbook import RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic.models import Alert, NodeRunbookInput, RunbookStatus, SlurmNodeState
+    from fleetmedic.routing import alert_facts
+    from fleetmedic.trust import UntrustedValue
     from fleetmedic.xid import XidAction, XidClassification, classify_xid
 
 
@@ -101,10 +103,15 @@ class XidRecovery(NodeRunbook):
         while await self.wait(f"repeats of XID {verdict.xid} until {deadline.isoformat()}",
                               lambda s=seen: len(self.alerts) > s,
                               timeout=max(deadline - workflow.now(), timedelta(seconds=1))):
-            fresh = self.alerts[seen:]
+            if workflow.patched("alert-occurrences-deduplicated"):
+                # A resend (same fingerprint and startsAt) is no new occurrence, and the XID and GPU
+                # are read as the webhook reads them (labels, then the dcgm rule's annotation).
+                fresh = self.new_alerts(seen)
+            else:  # runs recorded before: every delivery counted, labels only
+                fresh = self.alerts[seen:]
             seen = len(self.alerts)
             for alert in fresh:
-                xid, gpu = _label_int(alert, "xid"), _label_int(alert, "gpu")
+                xid, gpu = self.alert_xid_gpu(alert)
                 self.decide("watch for repeats", f"alert attached: {alert.status} XID {xid} on GPU {gpu_name(gpu)}")
                 if alert.status != "firing" or xid is None:
                     continue
@@ -143,6 +150,17 @@ class XidRecovery(NodeRunbook):
             done = await self.reset_gpu(gpu or 0, why)
         return await self.return_when_healthy(jobs, requested_at, f"XID {xid} on GPU {gpu_name(gpu)}: {verdict.action}",
                                               rejoined=done != "reset")
+
+
+    def alert_xid_gpu(self, alert: Alert) -> tuple[int | None, int | None]:
+        assert self.policy is not None
+        if not workflow.patched("alert-occurrences-deduplicated"):
+            return _label_int(alert, "xid"), _label_int(alert, "gpu")
+        try:
+            facts = alert_facts(alert, self.policy.routing)
+        except UntrustedValue:
+            return None, None  # a label that is not a number: attached, counted as no XID
+        return facts.xid, facts.gpu
 
 
 def _label_int(alert: Alert, name: str) -> int | None:

@@ -30,7 +30,9 @@ class WebhookThread:
 
     async def _start(self) -> None:
         client = await connect(target_host=self.address, lazy=True)
-        receiver = AlertReceiver(client, self.routing or RoutingPolicy(), self.task_queue, self.token,
+        # Tests and benchmarks name their cluster after their task queue: that is the one served.
+        routing = self.routing or RoutingPolicy(clusters=[self.task_queue])
+        receiver = AlertReceiver(client, routing, self.task_queue, self.token,
                                  available_runbooks())
         self._server = uvicorn.Server(uvicorn.Config(receiver.app(), host="127.0.0.1", port=self.port,
                                                      log_level="warning"))
