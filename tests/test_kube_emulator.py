@@ -15,6 +15,12 @@ MERGE = "application/merge-patch+json"
 
 
 @pytest.fixture
+def kube(kube_emulator: KubeEmulatorThread) -> KubeEmulatorThread:
+    """The emulator's own tests run against the emulator (the `fleetmedic dev` fallback)."""
+    return kube_emulator
+
+
+@pytest.fixture
 def core(kube: KubeEmulatorThread) -> client.CoreV1Api:
     return client.CoreV1Api(config.new_client_from_config(str(kube.kubeconfig)))  # type: ignore[attr-defined]
 
@@ -116,3 +122,26 @@ def test_custom_resources_and_events(kube: KubeEmulatorThread, core: client.Core
         reason="Test", message="hello"))
     assert core.list_namespaced_event("default", field_selector="involvedObject.name=n1").items[0].reason == "Test"
     assert client.VersionApi(api).get_code().major == "1"
+
+
+def test_kubectl_finds_the_core_resources(kube: KubeEmulatorThread) -> None:
+    """The discovery document of /api/v1 names groupVersion v1: `kubectl get nodes` works on `fleetmedic dev`."""
+    import shutil
+    import subprocess
+
+    from tests.conftest import require
+
+    require(shutil.which("kubectl") is not None, "kubectl")
+    kube.emulator.put(fleet.node("n1"))
+    out = subprocess.run(["kubectl", "--kubeconfig", str(kube.kubeconfig), "get", "nodes",  # type: ignore[attr-defined]
+                          "-o", "name"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["node/n1"]
+
+
+def test_request_history_is_bounded(kube: KubeEmulatorThread, core: client.CoreV1Api) -> None:
+    kube.emulator.history_limit = 50
+    kube.emulator.put(fleet.node("n1"))
+    for _ in range(120):
+        core.read_node("n1")
+    assert len(kube.emulator.requests()) <= 51

@@ -174,14 +174,16 @@ async def test_kueue_not_installed_is_nothing_to_sync(client: Client, task_queue
 
 def test_a_conflict_is_retried_on_the_fresh_object(kube: KubeEmulatorThread, tmp_path: Path) -> None:
     seed_kueue(kube, ["g1"], 64)
-    kube.emulator.inject("PUT", "clusterqueues", status=409, times=1)
+    conflict = kube.emulator.inject("PUT", "clusterqueues", status=409, times=1)
     k8s = KubernetesActivities(lambda: load_api_client(str(kube.kubeconfig)),  # type: ignore[attr-defined]
                                quick_policy(tmp_path))
     slot = QuotaSlot(flavor="h100", group=0, flavor_index=0, resource_index=1, nominal=8)
     result = run_activity(KueueActivities(k8s).set_quota, QuotaUpdate(queue="training", slots=[slot]))
     assert result.changed and int(quota(kube)) == 8
+    # The first PUT met the 409 (answered by the fault proxy), the second reached the API server.
+    assert conflict.times == 0
     puts = [r for r in kube.emulator.mutations() if r.method.value == "PUT"]
-    assert len(puts) == 2
+    assert len(puts) == 1 and puts[0].code == 200
     # Only the GPU quota changed: the cpu quota and the rest of the queue are as they were.
     queue = kube.emulator.get(fleet.KUEUE, "ClusterQueue", "training")
     assert queue is not None and queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0] == {

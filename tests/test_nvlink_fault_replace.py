@@ -1,4 +1,4 @@
-"""nvlink-fault-replace end to end: real Temporal dev server, real Slurm, the Kubernetes emulator."""
+"""nvlink-fault-replace end to end: real Temporal dev server, real Slurm, the real Kubernetes control plane."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ async def test_kept_for_inference_training_leaves_inference_stays_then_the_node_
     async def while_replaced(handle: WorkflowHandle[Any, Any]) -> None:
         # Before the replacement lands: out of training, still serving inference.
         await status_when(handle, lambda s: s.step in ("replace", "wait for node Ready"))
-        seen["taints"] = stack.node(node)["spec"].get("taints")
+        seen["taints"] = stack.taints(node)
         seen["unschedulable"] = stack.node(node)["spec"].get("unschedulable")
         seen["slurm"] = stack.slurm_state(node)
         seen["serve"] = stack.kube.emulator.get("v1", "Pod", f"serve-{node}", "inference")
@@ -32,7 +32,7 @@ async def test_kept_for_inference_training_leaves_inference_stays_then_the_node_
     assert stack.kube.emulator.get("v1", "Pod", f"serve-{node}", "inference") is not None
     # After replacement and validation: the taint is gone, the hold released, Slurm RESUMEd.
     after = stack.node(node)
-    assert not after["spec"].get("taints") and not after["spec"].get("unschedulable")
+    assert not stack.taints(node) and not after["spec"].get("unschedulable")
     assert "fleetmedic.io/workflow" not in after["metadata"].get("annotations", {})
     assert stack.slurm_state(node)[1] == "none" and stack.slurm_state(node)[0] != "down"
     assert [(r["node"], r["action"]) for r in stack.provider.accepted()] == [(node, "replace")]
@@ -45,7 +45,7 @@ async def test_without_inference_the_node_is_drained_fully_and_replaced(stack: S
     assert report.outcome == "remediated", report.decisions
     assert stack.evicted() == sorted([f"inference/serve-{node}", f"training/trainer-{node}"])
     assert any(d.result.startswith(f"cordon node {node}") for d in report.decisions)
-    assert not stack.node(node)["spec"].get("taints")
+    assert not stack.taints(node)
     assert [(r["node"], r["action"]) for r in stack.provider.accepted()] == [(node, "replace")]
 
 
@@ -55,7 +55,7 @@ async def test_replacement_waits_for_approval_when_policy_asks(stack: Stack) -> 
     async def approve(handle: WorkflowHandle[Any, Any]) -> None:
         await status_when(handle, lambda s: s.awaiting_approval == "replace")
         assert stack.provider.requests == []
-        assert stack.node("gpu-node-0")["spec"].get("taints") == [DEGRADED]  # quarantined meanwhile
+        assert stack.taints("gpu-node-0") == [DEGRADED]  # quarantined meanwhile
         await handle.execute_update("approve", Approval(by="erin"))
 
     report, _ = await stack.run("gpu-node-0", runbook="nvlink-fault-replace", during=approve,

@@ -76,8 +76,7 @@ def test_dry_run_reaches_no_provider(provider_http: ProviderStandIn) -> None:
 def capi_machine(kube: KubeEmulatorThread) -> None:
     kube.emulator.put(fleet.node("n1", annotations={"cluster.x-k8s.io/machine": "md-0-abc",
                                                     "cluster.x-k8s.io/cluster-namespace": "capi"}))
-    kube.emulator.put({"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine",
-                       "metadata": {"name": "md-0-abc", "namespace": "capi"}, "spec": {"clusterName": "c"}})
+    kube.emulator.put(fleet.machine("md-0-abc", namespace="capi", cluster="c", node="n1"))
 
 
 def test_cluster_api_deletes_the_machine_once(kube: KubeEmulatorThread) -> None:
@@ -119,8 +118,7 @@ def test_cluster_api_server_error_is_retryable(kube: KubeEmulatorThread) -> None
 def test_karpenter_deletes_the_nodeclaim(kube: KubeEmulatorThread) -> None:
     kube.emulator.put(fleet.node("n1", labels={"karpenter.sh/nodepool": "gpu"}))
     for name, node in (("gpu-x1", "n1"), ("gpu-x2", "n2")):
-        kube.emulator.put({"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "metadata": {"name": name},
-                           "spec": {}, "status": {"nodeName": node}})
+        kube.emulator.put(fleet.nodeclaim(name, node=node))
     provider = KarpenterProvider(lambda: load_api_client(str(kube.kubeconfig)),  # type: ignore[attr-defined]
                                  KarpenterProviderPolicy(), 5)
     assert provider.request(request()).reference == "gpu-x1"

@@ -1,6 +1,7 @@
-"""traffic-flip and migrate-back end to end: the real Temporal dev server, the Kubernetes emulator
-with a controller that recreates evicted pods and schedules them like a ReplicaSet and the
-scheduler would (workers/devstack/replicas.py), inference behind a PodDisruptionBudget."""
+"""traffic-flip and migrate-back end to end: the real Temporal dev server and the real control plane
+(the Deployment and ReplicaSet controllers recreate evicted pods, the scheduler places them and
+honours the overflow taint, the disruption controller computes the PDB), inference behind a
+PodDisruptionBudget."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 
@@ -25,7 +25,7 @@ from fleetmedic.traffic import TrafficInput
 from tests.harness import quick_policy, settings_for, worker_for
 from tests.runbook_stack import save_history, status_when
 from workers.devstack import fleet
-from workers.devstack.kube_emulator import KubeEmulatorThread
+from workers.devstack.kube_world import RealKube
 from workers.devstack.replicas import deployment, replica_controller, virtual_node
 from workers.devstack.standins import ProviderStandIn, SlackStandIn
 
@@ -33,19 +33,24 @@ REPLICAS, MINIMUM = 40, 36  # min_ready_fraction 0.9
 HOME_NODES = [f"gpu-{i}" for i in range(5)]  # 5 × 8 GPUs: exactly inference's 40
 
 
+def pod_ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
 @dataclass
 class Sampler:
     """Watches the fleet every 20 ms: the fewest ready inference pods ever, and every taint the
     virtual node ever carried."""
 
-    kube: KubeEmulatorThread
+    kube: RealKube
     min_ready: int = 10**9
     effects: set[str] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def ready(self) -> int:
-        return sum(1 for p in self.kube.emulator.list("v1", "Pod", "inference")
-                   if p["status"]["conditions"][0]["status"] == "True")
+        return sum(1 for p in self.kube.emulator.list("v1", "Pod", "inference") if pod_ready(p))
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -61,7 +66,7 @@ class Sampler:
 class World:
     client: Client
     task_queue: str
-    kube: KubeEmulatorThread
+    kube: RealKube
     slack: SlackStandIn
     tmp_path: Path
 
@@ -86,7 +91,7 @@ class World:
 
     def all_home_ready(self, where: str) -> bool:
         pods = self.on(where)
-        return len(pods) == REPLICAS and all(p["status"]["conditions"][0]["status"] == "True" for p in pods)
+        return len(pods) == REPLICAS and all(pod_ready(p) for p in pods)
 
     def overflow(self) -> list[dict[str, Any]]:
         node = self.kube.emulator.get("v1", "Node", "virtual-gpu")
@@ -100,7 +105,7 @@ class World:
         for name in nodes:
             self.kube.emulator.put(fleet.pod(f"pretrain-{name}", name, namespace="training", owner_kind="Job",
                                              gpus=8))
-        api = k8s.CoreV1Api(k8s_config.new_client_from_config(str(self.kube.kubeconfig)))  # type: ignore[attr-defined]
+        api = k8s.CoreV1Api(self.kube.api)  # the scheduler's preemption, not FleetMedic: the admin identity
         for pod in [p for p in self.kube.emulator.list("v1", "Pod", "inference") if p["spec"].get("nodeName") in nodes]:
             body = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=pod["metadata"]["name"], namespace="inference"))
             while True:
@@ -120,7 +125,7 @@ class World:
 
 
 @pytest.fixture
-def world(client: Client, task_queue: str, kube: KubeEmulatorThread, slack: SlackStandIn,
+def world(client: Client, task_queue: str, kube: RealKube, slack: SlackStandIn,
           tmp_path: Path) -> Iterator[World]:
     for name in HOME_NODES:
         kube.emulator.put(fleet.node(name))
@@ -129,7 +134,7 @@ def world(client: Client, task_queue: str, kube: KubeEmulatorThread, slack: Slac
 
 
 @pytest.fixture
-def sampler(kube: KubeEmulatorThread) -> Iterator[Sampler]:
+def sampler(kube: RealKube) -> Iterator[Sampler]:
     s = Sampler(kube)
     yield s
     s.stop.set()
@@ -184,8 +189,8 @@ async def test_training_admitted_opens_the_virtual_node_and_inference_moves_with
 async def test_training_finished_forty_pods_come_home_in_batches_never_below_the_minimum(
         world: World, sampler: Sampler) -> None:
     world.kube.emulator.put(virtual_node(overflow_closed=False))
+    fill_home_with_training(world)  # first: the scheduler places the Deployment's pods the moment it exists
     world.kube.emulator.put(deployment("serve", REPLICAS))
-    fill_home_with_training(world)
     with replica_controller(world.kube):
         training_finishes(world)
         start_sampling(sampler)
@@ -194,8 +199,9 @@ async def test_training_finished_forty_pods_come_home_in_batches_never_below_the
             report = await asyncio.wait_for(migrate.result(), 120)
             await save_history(migrate)
         world.wait(lambda: world.all_home_ready("home"), what="all home and ready")
+        # Evicted pods take their grace period to go (a kubelet's SIGTERM, then the pod object).
+        world.wait(lambda: world.on("virtual") == [], what="the pods moved home have left the virtual node")
     assert report.outcome == "migrated", report.decisions
-    assert world.on("virtual") == []
     assert sampler.min_ready >= MINIMUM, sampler.min_ready
     assert sampler.effects == {"NoSchedule"}  # closed again, and never with NoExecute
     batches = [d for d in report.decisions if d.step == "move a batch home" and d.result.startswith("evicted")]
@@ -205,8 +211,8 @@ async def test_training_finished_forty_pods_come_home_in_batches_never_below_the
 
 async def test_training_again_mid_migration_stops_it_within_a_batch_and_the_flip_runs(world: World) -> None:
     world.kube.emulator.put(virtual_node(overflow_closed=False))
+    fill_home_with_training(world)  # first: the scheduler places the Deployment's pods the moment it exists
     world.kube.emulator.put(deployment("serve", REPLICAS))
-    fill_home_with_training(world)
     with replica_controller(world.kube):
         training_finishes(world)
         async with worker_for(world.client, settings(world), world.policy(batch_size=5, batch_pause="1s")):
@@ -218,7 +224,7 @@ async def test_training_again_mid_migration_stops_it_within_a_batch_and_the_flip
             flipped = await asyncio.wait_for(flip.result(), 60)
         # No pod is left without a home: every replica runs somewhere and is Ready.
         world.wait(lambda: sum(1 for p in world.kube.emulator.list("v1", "Pod", "inference")
-                               if p["spec"].get("nodeName") and p["status"]["conditions"][0]["status"] == "True")
+                               if p["spec"].get("nodeName") and pod_ready(p))
                    == REPLICAS, what="every replica has a home")
     assert migrated.outcome == "stopped", migrated.decisions
     stop_at = next(d.at for d in flipped.decisions if d.step == "stop migrate-back")
@@ -232,11 +238,11 @@ async def test_training_again_mid_migration_stops_it_within_a_batch_and_the_flip
 
 async def test_a_failed_slo_gate_pauses_the_migration_and_escalates(world: World) -> None:
     world.kube.emulator.put(virtual_node(overflow_closed=False))
+    fill_home_with_training(world)  # first: the scheduler places the Deployment's pods the moment it exists
     world.kube.emulator.put(deployment("serve", REPLICAS))
     # The service's owners froze it: its PDB allows no disruption at all.
     world.kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
                                       min_available=REPLICAS))
-    fill_home_with_training(world)
     with replica_controller(world.kube):
         training_finishes(world)
         async with worker_for(world.client, settings(world), world.policy(batch_timeout="3s")):
@@ -347,8 +353,8 @@ async def test_the_slo_query_gates_each_batch_against_a_real_prometheus(world: W
     url, errors = prometheus
     errors.set(0.2)  # the gateway is failing one request in five
     world.kube.emulator.put(virtual_node(overflow_closed=False))
+    fill_home_with_training(world)  # first: the scheduler places the Deployment's pods the moment it exists
     world.kube.emulator.put(deployment("serve", REPLICAS))
-    fill_home_with_training(world)
     policy = world.policy(batch_size=10, slo_query="max(inference_gateway_error_ratio)", slo_max=0.01)
     with replica_controller(world.kube):
         training_finishes(world)

@@ -24,6 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 import yaml
@@ -33,7 +34,10 @@ from fleetmedic.policy import parse_policy
 from fleetmedic.settings import Settings
 from workers.devstack import fleet
 from workers.devstack.controllers import provider_controller
+from workers.devstack.kube_cluster import KUBE_VERSION, LocalKubeCluster, install_rbac_and_crds
+from workers.devstack.kube_cluster import missing_binaries as missing_kube
 from workers.devstack.kube_emulator import KubeEmulatorThread, seed
+from workers.devstack.kube_world import RealKube
 from workers.devstack.replicas import replica_controller
 from workers.devstack.slurm_cluster import LocalSlurmCluster, SlurmStartError, missing_binaries
 from workers.devstack.standins import ProviderStandIn, SlackStandIn
@@ -118,7 +122,7 @@ async def run_dev(options: DevOptions) -> None:
         temporal = start_temporal(options)
         stack.callback(_stop_process, temporal)
 
-        kube = stack.enter_context(KubeEmulatorThread())
+        kube, kube_line = start_kubernetes(stack, state)
         seed(kube.emulator, fleet.demo_fleet(options.nodes))
         kubeconfig = kube.write_kubeconfig(state / "kubeconfig")
 
@@ -152,7 +156,7 @@ async def run_dev(options: DevOptions) -> None:
         receiver = AlertReceiver(client, policy.routing, settings.task_queue, DEV_WEBHOOK_TOKEN, available_runbooks())
         webhook = uvicorn.Server(uvicorn.Config(receiver.app(), host="127.0.0.1", port=options.webhook_port,
                                                 log_level="warning"))
-        print(_banner(options, kubeconfig, slurm, slack, provider, settings), flush=True)
+        print(_banner(options, kubeconfig, kube_line, slurm, slack, provider, settings), flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -177,8 +181,23 @@ def _stop_process(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
-def _banner(options: DevOptions, kubeconfig: Path, slurm: LocalSlurmCluster | None, slack: SlackStandIn,
-            provider: ProviderStandIn, settings: Settings) -> str:
+def start_kubernetes(stack: contextlib.ExitStack, state: Path) -> tuple[Any, str]:
+    """The real control plane when scripts/install-kube has built it, else the emulator. Returns
+    the world to seed and what the banner says about it."""
+    if not missing_kube():
+        workdir = state / "kube"
+        shutil.rmtree(workdir, ignore_errors=True)
+        cluster = stack.enter_context(LocalKubeCluster(workdir))
+        install_rbac_and_crds(cluster)
+        world = RealKube(cluster, None, state)
+        return world, (f"real control plane {KUBE_VERSION} (etcd, kube-apiserver with RBAC, controller-manager, "
+                       "scheduler, kwok nodes); the worker runs as its ServiceAccount")
+    kube = stack.enter_context(KubeEmulatorThread())
+    return kube, "the emulator (scripts/install-kube builds the real control plane, used when it is there)"
+
+
+def _banner(options: DevOptions, kubeconfig: Path, kube_line: str, slurm: LocalSlurmCluster | None,
+            slack: SlackStandIn, provider: ProviderStandIn, settings: Settings) -> str:
     slurm_line = (f"SLURM_CONF={slurm.conf} (nodes {', '.join(slurm.nodes)})" if slurm
                   else "not running (install Debian's slurmctld slurmd munge to add it)")
     return "\n".join([
@@ -186,6 +205,7 @@ def _banner(options: DevOptions, kubeconfig: Path, slurm: LocalSlurmCluster | No
         f"  Temporal     127.0.0.1:{options.port} (history in {options.state_dir / 'temporal.db'})",
         f"  Temporal UI  http://127.0.0.1:{options.ui_port}",
         f"  Kubernetes   {kube_url(kubeconfig)} (KUBECONFIG={kubeconfig}, {options.nodes} GPU nodes)",
+        f"               {kube_line}",
         f"  Slurm        {slurm_line}",
         f"  Slack        stand-in at {slack.api_url} (channel {settings.slack_channel})",
         f"  Provider     http stand-in at {provider.url} (replaced nodes come back after 5 s)",

@@ -7,13 +7,17 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from typing import Any
 
 from workers.devstack.kube_emulator import KubeEmulatorThread
 from workers.devstack.standins import ProviderStandIn
 
 
-def set_ready(kube: KubeEmulatorThread, node: str, ready: bool) -> None:
+def set_ready(kube: Any, node: str, ready: bool) -> None:
     """What a kubelet does: flip the node's Ready condition, with a fresh transition time."""
+    if hasattr(kube, "set_ready"):  # the real control plane: kwok flips it, as a kubelet would
+        kube.set_ready(node, ready)
+        return
     obj = kube.emulator.get("v1", "Node", node)
     if obj is None:
         raise KeyError(f"node {node} does not exist")

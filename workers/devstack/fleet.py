@@ -66,6 +66,33 @@ def pdb(name: str, *, match_labels: dict[str, str], namespace: str = "default",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
+def machine(name: str, *, namespace: str = "default", cluster: str = "gpu-cluster",
+            node: str | None = None) -> dict[str, Any]:
+    """A Cluster API Machine as its CRD validates it (bootstrap and infrastructure references)."""
+    obj: dict[str, Any] = {
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
+        "spec": {"clusterName": cluster, "bootstrap": {"dataSecretName": f"{name}-bootstrap"},
+                 "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
+                                       "kind": "GPUMachine", "name": name, "namespace": namespace}}}
+    if node:
+        obj["status"] = {"nodeRef": {"apiVersion": "v1", "kind": "Node", "name": node}}
+    return obj
+
+
+def nodeclaim(name: str, *, node: str | None = None, nodepool: str = "gpu") -> dict[str, Any]:
+    """A Karpenter NodeClaim as its CRD validates it (a node class and requirements)."""
+    obj: dict[str, Any] = {
+        "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+        "metadata": {"name": name, "labels": {"karpenter.sh/nodepool": nodepool}},
+        "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "gpu"},
+                 "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
+                                   "values": ["p5.48xlarge"]}]}}
+    if node:
+        obj["status"] = {"nodeName": node}
+    return obj
+
+
 KUEUE = "kueue.x-k8s.io/v1beta1"
 
 
@@ -90,7 +117,9 @@ def workload(name: str, queue: str, flavor: str, gpus: int, *, namespace: str = 
              admitted: bool = True, priority: int = 1000) -> dict[str, Any]:
     """A Kueue Workload; admitted ones carry their ClusterQueue, flavor and GPU usage."""
     status: dict[str, Any] = {"conditions": [{"type": "Admitted", "status": "True" if admitted else "False",
-                                              "reason": "Admitted" if admitted else "Pending"}]}
+                                              "reason": "Admitted" if admitted else "Pending",
+                                              "message": "admitted by the test" if admitted else "pending",
+                                              "lastTransitionTime": "2026-11-30T00:00:00Z"}]}
     if admitted:
         status["admission"] = {"clusterQueue": queue, "podSetAssignments": [{
             "name": "main", "count": max(1, gpus // 8), "flavors": {"nvidia.com/gpu": flavor, "cpu": flavor},
@@ -98,7 +127,7 @@ def workload(name: str, queue: str, flavor: str, gpus: int, *, namespace: str = 
     return {"apiVersion": KUEUE, "kind": "Workload", "metadata": {"name": name, "namespace": namespace},
             "spec": {"queueName": f"{queue}-local", "priority": priority,
                      "podSets": [{"name": "main", "count": max(1, gpus // 8),
-                                  "template": {"spec": {"containers": []}}}]},
+                                  "template": {"spec": {"containers": [{"name": "main", "image": "trainer:1"}]}}}]},
             "status": status}
 
 

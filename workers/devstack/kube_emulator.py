@@ -138,6 +138,9 @@ class _Watcher:
 
 # --- the emulator ----------------------------------------------------------------------------
 
+HISTORY_LIMIT = 2000  # requests kept for requests()/mutations(); 0 keeps all
+
+
 class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     """kmock's emulator, with the API semantics listed in the module docstring."""
 
@@ -150,10 +153,24 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         self.state_lock = threading.RLock()
         self.watchers: list[_Watcher] = []
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.history_limit = HISTORY_LIMIT
         for (group, version, plural), (kind, namespaced) in self.kinds.items():
             self._declare(group, version, plural, kind, namespaced)
 
     # -- set-up API for tests and the dev fleet (thread-safe) --
+
+    def _core_discovery(self) -> dict[str, Any]:
+        resources = []
+        for (group, _version, plural), (kind, namespaced) in sorted(self.kinds.items()):
+            if group:
+                continue
+            resources.append({"name": plural, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind,
+                              "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]})
+            for sub in ("eviction", "status") if plural == "pods" else ("status",):
+                resources.append({"name": f"{plural}/{sub}", "singularName": "", "namespaced": namespaced,
+                                  "kind": "Eviction" if sub == "eviction" else kind, "verbs": ["create", "get",
+                                                                                                "patch", "update"]})
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "v1", "resources": resources}
 
     def _declare(self, group: str, version: str, plural: str, kind: str, namespaced: bool) -> None:
         self.resources[kmock.resource(group, version, plural)] = kmock.ResourceInfo(
@@ -265,9 +282,17 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
+        # kmock keeps every request and re-filters the whole history on each new one: keep the
+        # last HISTORY_LIMIT so a long `fleetmedic dev` neither slows down nor grows.
+        if self.history_limit and len(self._requests) > self.history_limit:
+            del self._requests[: len(self._requests) - self.history_limit]
         resource = request.resource
-        if request.url.path.rstrip("/") == "/version":
+        path = request.url.path.rstrip("/")
+        if path == "/version":
             return aiohttp.web.json_response(VERSION)
+        if path == "/api/v1":
+            # kmock answers groupVersion "/v1" here, and kubectl then finds no core resources.
+            return aiohttp.web.json_response(self._core_discovery())
         if resource is None or resource.plural is None:
             return await super()._handle(request)  # discovery: /api, /apis, /version
         fault = self._check_fault(request)

@@ -1,0 +1,168 @@
+"""Benchmark: 1,000 kwok GPU nodes on the real control plane, 50 of them fail within a minute.
+
+Real parts: etcd, kube-apiserver (RBAC on), controller-manager, scheduler and kwok from
+scripts/install-kube; the Temporal dev server; the worker as its own process under its
+ServiceAccount identity; the webhook (in this process) receiving XID 79 alerts. The `http`
+provider stand-in takes each replacement, and the node goes NotReady and comes back Ready
+`--replace-s` later (kwok, as a kubelet would).
+
+Budget: the shipped one (max_concurrent 5, max_unavailable_fraction 0.10, max_per_domain 2 across
+4 zones), except `max_per_hour`, which the shipped policy sets to 20: fifty replacements under it
+take about two and a half hours, so the run raises it (`--max-per-hour`, reported).
+
+    python bench/fleet_scale.py [--nodes 1000] [--failing 50] [--replace-s 5]
+
+Prints one JSON object: the most nodes out of service at once as counted from the API (cordoned or
+NotReady, sampled every 200 ms, not the guard's own count), whether every failed node was healed,
+the time to heal them all, the worker's peak RSS, and the requests FleetMedic sent the apiserver
+per remediation (from its audit log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from kubernetes import client as k8s_client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fleetmedic.ids import SEARCH_ATTRIBUTES
+from fleetmedic.policy import RoutingPolicy, parse_policy
+from workers.dev import temporal_binary
+from workers.devstack import fleet
+from workers.devstack.controllers import provider_controller
+from workers.devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds
+from workers.devstack.kube_world import RealKube
+from workers.devstack.standins import ProviderStandIn
+from workers.webhook import AlertReceiver, available_runbooks
+
+CLUSTER, TOKEN = "scale", "bench"
+
+
+def out_of_service(core: k8s_client.CoreV1Api) -> int:
+    count = 0
+    for node in core.list_node(label_selector="nvidia.com/gpu.present=true").items:
+        ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+        if node.spec.unschedulable or not ready:
+            count += 1
+    return count
+
+
+def rss_peak_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return 0.0
+
+
+async def main(nodes: int, failing: int, replace_s: float, max_per_hour: int) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-scale-"))
+    names = [f"gpu-{i:04d}" for i in range(nodes)]
+    bad = names[:: nodes // failing][:failing]
+    env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(),
+                                                data_converter=pydantic_data_converter,
+                                                search_attributes=SEARCH_ATTRIBUTES, dev_server_log_level="error")
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        with LocalKubeCluster(workdir / "kube") as cluster, ProviderStandIn() as provider:
+            install_rbac_and_crds(cluster)
+            world = RealKube(cluster, None, workdir)
+            began = time.monotonic()
+            for i, name in enumerate(names):
+                world.put(fleet.node(name, zone=f"zone-{i % 4}"))
+            seeded_s = time.monotonic() - began
+            core = k8s_client.CoreV1Api(world.api)
+            policy = parse_policy(yaml.safe_dump({
+                "provider": {"kind": "http", "http": {"url": provider.url}},
+                "storage": {"root": str(workdir)},
+                "budget": {"max_per_hour": max_per_hour},
+                "routing": {"clusters": [CLUSTER], "default_cluster": CLUSTER},
+            }))
+            (workdir / "policy.yaml").write_text(yaml.safe_dump(policy.model_dump(mode="json", by_alias=True)))
+            worker_env = {**os.environ, "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
+                          "FLEETMEDIC_TASK_QUEUE": "scale", "FLEETMEDIC_POLICY": str(workdir / "policy.yaml"),
+                          "KUBECONFIG": str(world.kubeconfig), "FLEETMEDIC_SLURM": "off",
+                          "FLEETMEDIC_METRICS_PORT": "0"}
+            log = (workdir / "worker.log").open("wb")
+            # Started once, before the measured part: a blocking spawn is fine here.
+            worker = subprocess.Popen([sys.executable, "-m", "workers.cli", "worker"],  # noqa: ASYNC220
+                                      env=worker_env, stdout=log, stderr=subprocess.STDOUT)
+            receiver = AlertReceiver(env.client, RoutingPolicy(clusters=[CLUSTER], default_cluster=CLUSTER),
+                                     "scale", TOKEN, available_runbooks())
+            peak, stop = {"out": 0, "rss": 0.0}, threading.Event()
+
+            def sample() -> None:
+                while not stop.is_set():
+                    peak["out"] = max(peak["out"], out_of_service(core))
+                    peak["rss"] = max(peak["rss"], rss_peak_mib(worker.pid) if worker else 0.0)
+                    stop.wait(0.2)
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            audit_before = len(world.requests(("worker",)))
+            started = time.monotonic()
+            with provider_controller(world, provider, delay_s=replace_s):
+                transport = httpx.ASGITransport(app=receiver.app())
+                async with httpx.AsyncClient(transport=transport, base_url="http://webhook",
+                                             headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+                    for i, name in enumerate(bad):  # spread over a minute, as a bad rack or driver push would
+                        alert = {"status": "firing", "fingerprint": f"fp-{name}", "startsAt": "2026-11-30T00:00:00Z",
+                                 "labels": {"alertname": "FleetMedicGpuXid", "node": name, "xid": "79", "gpu": "0"}}
+                        body = {"version": "4", "groupKey": name, "status": "firing", "receiver": "fleetmedic",
+                                "alerts": [alert]}
+                        answer = await http.post("/v1/alerts/alertmanager", json=body)
+                        assert answer.status_code == 202, answer.text
+                        await asyncio.sleep(max(0.0, started + 60 * (i + 1) / len(bad) - time.monotonic()))
+                outcomes: dict[str, int] = {}
+                for name in bad:
+                    handle = env.client.get_workflow_handle(f"xid-recovery/{CLUSTER}/{name}")
+                    result = await asyncio.wait_for(handle.result(), 3600)
+                    outcomes[result["outcome"]] = outcomes.get(result["outcome"], 0) + 1
+            healed_s = time.monotonic() - started
+            stop.set()
+            sampler.join(2)
+            healthy = out_of_service(core) == 0
+            requests = len(world.requests(("worker",))) - audit_before
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(20)
+        await env.shutdown()
+    return {
+        "benchmark": "fleet_scale", "nodes": nodes, "failing": failing, "replace_s": replace_s,
+        "budget": {"max_concurrent": policy.budget.max_concurrent,
+                   "max_unavailable_fraction": policy.budget.max_unavailable_fraction,
+                   "max_per_domain": policy.budget.max_per_domain, "max_per_hour": max_per_hour},
+        "max_out_of_service_from_api": peak["out"], "budget_held": peak["out"] <= policy.budget.max_concurrent,
+        "outcomes": outcomes, "every_failed_node_healed": outcomes == {"remediated": failing} and healthy,
+        "time_to_heal_all_s": round(healed_s, 1), "seed_1000_nodes_s": round(seeded_s, 1),
+        "worker_rss_peak_mib": peak["rss"],
+        "apiserver_requests_per_remediation": round(requests / failing, 1),
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--failing", type=int, default=50)
+    parser.add_argument("--replace-s", type=float, default=5.0)
+    parser.add_argument("--max-per-hour", type=int, default=100)
+    options = parser.parse_args()
+    print(json.dumps(asyncio.run(main(options.nodes, options.failing, options.replace_s, options.max_per_hour))))
