@@ -42,6 +42,17 @@ def _classify_cli_error(text: str) -> ErrorKind:
     return ErrorKind.UNAVAILABLE  # "Unable to contact slurm controller", socket errors ...
 
 
+def raise_slurm_errors(data: dict[str, Any], where: str) -> None:
+    """Slurm's JSON answers (CLI and REST alike) report failures in an `errors` list: an error,
+    retried and then escalated, never an empty answer."""
+    errors = [e for e in data.get("errors") or [] if isinstance(e, dict) and (e.get("error_number")
+                                                                              or e.get("error"))]
+    if errors:
+        first = errors[0]
+        text = first.get("error") or first.get("description") or f"error {first.get('error_number')}"
+        raise fail(ErrorKind.UNAVAILABLE, f"{where}: {text}")
+
+
 def node_from_json(raw: dict[str, Any]) -> SlurmNode:
     state = raw.get("state", "")
     flags = [str(f).upper() for f in raw.get("state_flags") or []]
@@ -98,6 +109,9 @@ class SlurmCli:
             data: dict[str, Any] = json.loads(out)
         except json.JSONDecodeError:
             raise fail(ErrorKind.UNAVAILABLE, f"{argv[0]} --json gave no JSON: {out[:200]}") from None
+        # Slurm 22.05's squeue/sinfo --json exit 0 with an `errors` list when slurmctld cannot be
+        # reached: read as data, that is "no jobs" (no grace, drain at once) and "no such node".
+        raise_slurm_errors(data, f"{argv[0]} --json")
         return data
 
     def nodes(self) -> list[dict[str, Any]]:
@@ -124,9 +138,7 @@ class SlurmRest:
         if response.status_code >= 400:
             raise from_http_status(response.status_code, f"slurmrestd {path}: {response.text[:200]}")
         data: dict[str, Any] = response.json()
-        errors = [e for e in data.get("errors") or [] if e.get("error_number")]
-        if errors:
-            raise fail(ErrorKind.UNAVAILABLE, f"slurmrestd {path}: {errors[0].get('error')}")
+        raise_slurm_errors(data, f"slurmrestd {path}")
         return data
 
     def nodes(self) -> list[dict[str, Any]]:
@@ -212,6 +224,11 @@ class SlurmActivities:
         if job.state not in ACTIVE_JOB_STATES:
             return self._result("requeue", target, changed=False, request=request,
                                 detail=f"job is {job.state}: nothing to requeue")
+        if request.node and request.node not in job.nodes:
+            # Checked right before the kill: Slurm requeued it already and it restarted elsewhere.
+            where = ",".join(job.nodes) or "no node"
+            return self._result("requeue", target, changed=False, request=request,
+                                detail=f"runs on {where} now, not {request.node}: left alone")
         if self._dry(request):
             return self._result("requeue", target, changed=False, request=request)
         try:

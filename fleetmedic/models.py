@@ -208,6 +208,8 @@ class SetSlurmNodeState(_Model):
 class RequeueJob(_Model):
     job_id: int
     dry_run: bool = False
+    # The bad node: a job no longer on it (Slurm already requeued it and it runs elsewhere) is left alone.
+    node: str = ""
 
 
 # --- storage -------------------------------------------------------------------------------
@@ -464,6 +466,8 @@ class GuardState(_Model):
     paused: Operator | None = None
     grants: int = 0
     max_held: int = 0  # the most leases ever held at once (tests and the dashboard read it)
+    # Set while the Kubernetes API cannot be read: no lease is granted (fail closed) until it can.
+    capacity_unknown: str | None = None
 
 
 class FleetCapacity(_Model):

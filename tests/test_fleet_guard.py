@@ -16,6 +16,7 @@ from tests.harness import quick_policy, settings_for, worker_for
 from workers.devstack import fleet
 from workers.devstack.controllers import provider_controller
 from workers.devstack.kube_emulator import KubeEmulatorThread
+from workers.devstack.kube_world import RealKube
 from workers.devstack.standins import ProviderStandIn
 
 
@@ -160,3 +161,33 @@ async def test_the_lease_of_a_closed_runbook_is_reclaimed(client: Client, task_q
             await asyncio.sleep(0.2)
         assert [h.workflow_id for h in state.holders] == [waiter.id]  # reclaimed, and granted to the next
         await waiter.terminate("test over")
+
+
+async def test_an_unreadable_fleet_grants_no_lease_and_says_so_then_recovers(
+        client: Client, task_queue: str, kube: RealKube, provider_http: ProviderStandIn, tmp_path: Path) -> None:
+    """The guard cannot count GPU nodes (the node list answers 503): bounded retries, then it fails
+    closed — no lease, so nothing destructive — and says why in its state; it grants once it can read."""
+    for i in range(10):
+        kube.emulator.put(fleet.node(f"gpu-{i}"))
+    outage = kube.emulator.inject("GET", "nodes", name="", status=503, times=100_000)  # list only
+    policy = guard_policy(tmp_path, provider_http, guard_reclaim_interval="2s")
+    policy = policy.model_copy(update={"retries": policy.retries.model_copy(update={
+        "reads": policy.retries.reads.model_copy(update={"attempts": 3})})})
+    cluster = task_queue
+    async with worker_for(client, settings_for(task_queue, kube, provider=provider_http), policy):
+        run = await client.start_workflow(
+            "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-1", gpu=0, xid=79),
+            id=node_workflow_id("xid-recovery", cluster, "gpu-1"), task_queue=task_queue, result_type=RunbookStatus)
+        deadline = asyncio.get_running_loop().time() + 60
+        while (state := await guard_state(client, cluster)).capacity_unknown is None:
+            assert asyncio.get_running_loop().time() < deadline, "the guard never said it cannot count the fleet"
+            await asyncio.sleep(0.3)
+        assert "cannot count GPU nodes" in state.capacity_unknown and state.holders == []
+        status = await run.query("status", result_type=RunbookStatus)
+        assert status.step == "take disruption lease"
+        assert not kube.emulator.get("v1", "Node", "gpu-1")["spec"].get("unschedulable")  # nothing done
+        outage.times = 0  # the API answers again
+        with provider_controller(kube, provider_http, delay_s=0.2):
+            report = await asyncio.wait_for(run.result(), 90)
+        assert report.outcome == "remediated", report.decisions
+        assert (await guard_state(client, cluster)).capacity_unknown is None

@@ -87,6 +87,11 @@ def test_jobs_on_node_and_requeue(slurm: LocalSlurmCluster, slurm_acts: SlurmAct
         time.sleep(0.5)
     else:
         pytest.fail(f"job {job} did not run again: {current}")
+    # The runbook's requeue names the bad node: a job that already runs again elsewhere is not killed again.
+    elsewhere = next(n for n in slurm.nodes if n not in current.nodes)
+    late = run(slurm_acts.requeue_job, RequeueJob(job_id=job, node=elsewhere))
+    assert not late.changed and "left alone" in late.detail
+    assert run(slurm_acts.get_job, job).restart_count == 1
 
 
 def test_dry_run_changes_nothing(slurm: LocalSlurmCluster, slurm_acts: SlurmActivities) -> None:
@@ -105,6 +110,14 @@ def test_controller_down_is_retryable_and_back_works(slurm: LocalSlurmCluster, s
     ctld.kill()
     ctld.wait()
     slow = SlurmActivities(SlurmCli(str(slurm.conf), timeout_s=3))
+    # squeue/sinfo --json give up after about 9 s and exit 0 with an `errors` list: an error, not
+    # "no jobs" (no grace, drain at once) or "no such node". A timeout long enough to see it:
+    patient = SlurmActivities(SlurmCli(str(slurm.conf), timeout_s=30))
+    for read, arg in ((patient.jobs_on_node, "gpu-node-0"), (patient.get_node, "gpu-node-0")):
+        with pytest.raises(ApplicationError) as unreadable:
+            run(read, arg)
+        assert unreadable.value.type == "Unavailable" and not unreadable.value.non_retryable
+        assert "--json" in str(unreadable.value)
     with pytest.raises(ApplicationError) as err:
         run(slow.set_node_state, SetSlurmNodeState(node="gpu-node-0", state=SlurmNodeState.DOWN, reason=REASON))
     assert err.value.type in ("Unavailable", "Timeout") and not err.value.non_retryable

@@ -260,6 +260,8 @@ async def guard_lines(client: Client, cluster: str) -> list[str]:
     pause = f"PAUSED by {state.paused.by}: {state.paused.reason}" if state.paused else "not paused"
     lines = [f"fleet-guard/{cluster}: {pause}; {len(state.holders)} lease(s) held, {len(state.queue)} waiting, "
              f"{state.grants} granted so far"]
+    if state.capacity_unknown:
+        lines.append(f"  NO NEW LEASES: {state.capacity_unknown}")
     lines += [f"  lease    {h.workflow_id} (node {h.node}, since {h.granted_at:%H:%M:%S})" for h in state.holders]
     lines += [f"  waiting  {i}. {q.workflow_id}" for i, q in enumerate(state.queue, start=1)]
     return lines

@@ -29,6 +29,8 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic.models import FleetCapacity, GuardState, Lease, LeaseAnswer, LeaseRequest, Operator
     from fleetmedic.policy import Policy
 
+from workflows.runbook import bounded_retry
+
 # How long a count of the fleet's out-of-service nodes is reused. Leases are always counted
 # fresh; only nodes that went NotReady or were cordoned by others in the last seconds can be missed.
 CAPACITY_TTL = timedelta(seconds=5)
@@ -165,12 +167,18 @@ class FleetGuard:
         try:
             capacity: FleetCapacity = await workflow.execute_activity(
                 "k8s.fleet_capacity", self.policy.labels.gpu_node_selector, result_type=FleetCapacity,
-                start_to_close_timeout=self.policy.retries.call_timeout, summary="count GPU nodes out of service")
+                start_to_close_timeout=self.policy.retries.call_timeout, retry_policy=bounded_retry(self.policy),
+                summary="count GPU nodes out of service")
             self.capacity, self.capacity_at = capacity, workflow.now()
+            self.state.capacity_unknown = None
             return capacity
-        except ActivityError:
-            # Without a count the share cannot be checked: hold every new lease until it can.
-            workflow.logger.warning("cannot count GPU nodes; no lease is granted until it can")
+        except ActivityError as err:
+            # Without a count the share cannot be checked: fail closed, hold every new lease until
+            # it can, and say so where operators look (the guard's state, `fleetmedic status`).
+            cause = str(err.cause or err)
+            if self.state.capacity_unknown is None:
+                self.state.capacity_unknown = f"cannot count GPU nodes since {workflow.now().isoformat()}: {cause}"
+            workflow.logger.warning("cannot count GPU nodes (%s); no lease is granted until it can", cause)
             return FleetCapacity(gpu_nodes=0)
 
     async def tell(self) -> None:
@@ -203,9 +211,15 @@ class FleetGuard:
 
     async def reclaim(self) -> None:
         """A lease held by a closed workflow is reclaimed (a crash between grant and release)."""
-        running = await workflow.execute_activity(
-            "temporal.running", [h.workflow_id for h in self.state.holders], result_type=list[str],
-            start_to_close_timeout=timedelta(seconds=30), summary="which lease holders still run")
+        try:
+            running = await workflow.execute_activity(
+                "temporal.running", [h.workflow_id for h in self.state.holders], result_type=list[str],
+                start_to_close_timeout=timedelta(seconds=30), retry_policy=bounded_retry(self.policy),
+                summary="which lease holders still run")
+        except ActivityError:
+            # Unknown: keep every lease (fail closed) and look again at the next reclaim interval.
+            workflow.logger.warning("cannot tell which lease holders still run; leases kept")
+            return
         for lease in list(self.state.holders):
             if lease.workflow_id not in running:
                 workflow.logger.info("reclaiming the lease of closed runbook %s", lease.workflow_id)

@@ -385,7 +385,16 @@ class NodeRunbook(Runbook):
             if not job.requeue:
                 self.decide("ensure requeue", f"job {job.job_id} is not requeueable (--no-requeue): left to its owner")
                 continue
-            await self.act("ensure requeue", "slurm.requeue_job", RequeueJob(job_id=job.job_id, dry_run=self.dry_run))
+            if workflow.patched("requeue-gated"):
+                # A requeue kills a training run: the gate again right before it (a pause or an
+                # opt-out set during the grace counts), and only where the job still runs on this node.
+                opt_out = await self.before_destructive("ensure requeue")
+                if opt_out.opted_out:
+                    raise OptedOut("ensure requeue", opt_out.reasons)
+                request = RequeueJob(job_id=job.job_id, dry_run=self.dry_run, node=self.node)
+            else:
+                request = RequeueJob(job_id=job.job_id, dry_run=self.dry_run)
+            await self.act("ensure requeue", "slurm.requeue_job", request)
             checkpoint = await self.call("ensure requeue", "storage.newest_checkpoint",
                                          CheckpointQuery(job_id=job.job_id, job_name=job.name), Checkpoint)
             resume_from[job.job_id] = checkpoint

@@ -248,11 +248,7 @@ class Runbook:
 
     def retry(self, kind: str = "reads") -> RetryPolicy:
         """The policy's bounded retry budget for reads or writes."""
-        if self.policy is None:
-            return READ_RETRY
-        budget = self.policy.retries.writes if kind == "writes" else self.policy.retries.reads
-        return RetryPolicy(initial_interval=budget.initial_interval, maximum_interval=budget.max_interval,
-                           maximum_attempts=budget.attempts, non_retryable_error_types=list(NON_RETRYABLE))
+        return bounded_retry(self.policy, kind)
 
     def call_timeout(self) -> timedelta:
         return self.policy.retries.call_timeout if self.policy else SHORT
@@ -391,6 +387,15 @@ class Runbook:
                 summary="notify: thread reply")
         except ActivityError:
             workflow.logger.warning("slack reply failed; continuing")
+
+
+def bounded_retry(policy: Policy | None, kind: str = "reads") -> RetryPolicy:
+    """The policy's bounded retry budget for reads or writes (every activity call has a bound)."""
+    if policy is None:
+        return READ_RETRY
+    budget = policy.retries.writes if kind == "writes" else policy.retries.reads
+    return RetryPolicy(initial_interval=budget.initial_interval, maximum_interval=budget.max_interval,
+                       maximum_attempts=budget.attempts, non_retryable_error_types=list(NON_RETRYABLE))
 
 
 def input_error(raw: Any, model: type[BaseModel]) -> str | None:

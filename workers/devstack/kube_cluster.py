@@ -120,7 +120,7 @@ class LocalKubeCluster:
     def _spawn(self, name: str, argv: list[str]) -> Process:
         log = self.workdir / f"{name}.log"
         popen = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=self.workdir,
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=_die_with_parent)
         proc = Process(name, popen, log)
         self.processes.append(proc)
         return proc
@@ -279,6 +279,18 @@ def install_rbac_and_crds(cluster: LocalKubeCluster) -> None:
         subprocess.run([*kubectl, "apply", "--server-side", *args], check=True, capture_output=True, timeout=120)
         subprocess.run([*kubectl, "wait", "--for", "condition=Established", "--timeout", "60s", *args], check=True,
                        capture_output=True, timeout=90)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the process that started it dies (a test run killed
+    by a timeout must not leave an apiserver behind). Linux's PR_SET_PDEATHSIG; elsewhere nothing."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -35,8 +35,9 @@ class Fault:
     delay_s: float = 0.0
 
     def matches(self, method: str, plural: str | None, name: str | None, subresource: str | None) -> bool:
+        # name None: any request of the kind; name "": only requests on the collection (list, watch).
         return ((self.method is None or self.method == method) and (self.plural is None or self.plural == plural)
-                and (self.name is None or self.name == name)
+                and (self.name is None or self.name == (name or ""))
                 and (self.subresource is None or self.subresource == subresource) and self.times > 0)
 
 
