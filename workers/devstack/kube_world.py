@@ -122,12 +122,12 @@ class RealKube:
         if obj["kind"] == "Pod":
             obj.pop("status", None)  # the kubelet's (kwok's)
             obj["spec"].setdefault("terminationGracePeriodSeconds", 1)
-        for _ in range(20):  # kwok and the controllers write status too: a 409 means read again
+        for attempt in range(40):  # kwok and the controllers write status too: a 409 means read again
             try:
                 stored = self._put_once(resource, obj, status, namespace)
                 break
             except ConflictError:
-                time.sleep(0.05)
+                time.sleep(min(0.5, 0.02 * (attempt + 1)))
         else:
             raise RuntimeError(f"could not put {obj['kind']} {meta['name']}: conflicts")
         self._settle(obj["apiVersion"], obj["kind"], meta["name"], namespace)
@@ -172,7 +172,10 @@ class RealKube:
                 meta["resourceVersion"] = existing.metadata.resourceVersion
                 stored = resource.replace(body=obj, namespace=namespace).to_dict()
         if status is not None and obj["kind"] != "Pod" and _has_status(resource):
-            stored = resource.status.replace(body={**stored, "status": status}, namespace=namespace).to_dict()
+            # Merge-patch the status: no resourceVersion to race kwok's heartbeats with.
+            stored = self.dynamic.request(
+                "patch", resource.path(name=meta["name"], namespace=namespace) + "/status", body={"status": status},
+                content_type="application/merge-patch+json").to_dict()
         return stored
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
@@ -271,6 +274,11 @@ class RealKube:
             for namespace in (namespaces if resource.namespaced else [None]):
                 self._delete_all(resource, namespace)
         self._delete_all(self._resource("v1", "Node"), None)
+        # The next test starts on an empty fleet, not on objects still on their way out.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (core.list_node(limit=1).items or any(
+                core.list_namespaced_pod(ns, limit=1).items for ns in namespaces)):
+            time.sleep(0.1)
 
     def _delete_all(self, resource: Any, namespace: str | None) -> None:
         """DELETE on the collection, no grace: what the test left goes at once."""
