@@ -165,6 +165,15 @@ class KubernetesActivities:
         with api_errors(f"get node {name}"):
             return self.core.read_node(name, _request_timeout=self.timeout)
 
+    def find_node(self, name: str) -> client.V1Node | None:
+        """The node, or None when it does not exist (any other failure is raised)."""
+        try:
+            return self.read_node(name)
+        except Exception as exc:
+            if getattr(exc, "type", None) == ErrorKind.NOT_FOUND:
+                return None
+            raise
+
     def pods_on(self, node: str) -> list[client.V1Pod]:
         with api_errors(f"list pods on {node}"):
             return list(self.core.list_pod_for_all_namespaces(
@@ -173,12 +182,8 @@ class KubernetesActivities:
     @activity.defn(name="k8s.get_node")
     def get_node(self, name: str) -> NodeInfo | None:
         """The node, or None when it does not exist (the runbook ends `unknown-node`)."""
-        try:
-            return node_info(self.read_node(name), self.policy.labels.gpu_resource)
-        except Exception as exc:
-            if getattr(exc, "type", None) == ErrorKind.NOT_FOUND:
-                return None
-            raise
+        node = self.find_node(name)
+        return node_info(node, self.policy.labels.gpu_resource) if node is not None else None
 
     @activity.defn(name="k8s.list_nodes")
     def list_nodes(self, label_selector: str) -> list[NodeInfo]:
@@ -202,12 +207,10 @@ class KubernetesActivities:
         """The opt-out label on the node or on any pod running on it stops destructive steps."""
         key, value = self.policy.labels.opt_out_pair
         reasons = []
-        try:
-            labels = self.read_node(node).metadata.labels or {}
-        except Exception as exc:
-            if getattr(exc, "type", None) == ErrorKind.NOT_FOUND:
-                return OptOut(opted_out=False, missing=True, reasons=[f"node {node} does not exist"])
-            raise
+        found = self.find_node(node)
+        if found is None:
+            return OptOut(opted_out=False, missing=True, reasons=[f"node {node} does not exist"])
+        labels = found.metadata.labels or {}
         if labels.get(key) == value:
             reasons.append(f"node {node} has {key}={value}")
         for pod in self.pods_on(node):
@@ -230,12 +233,7 @@ class KubernetesActivities:
             return info if info.ready and fresh else None
 
         while time.monotonic() < deadline:
-            try:
-                current = self.read_node(request.node)
-            except Exception as exc:
-                if getattr(exc, "type", None) != ErrorKind.NOT_FOUND:
-                    raise
-                current = None  # a replacement has not registered yet
+            current = self.find_node(request.node)  # None: a replacement has not registered yet
             if current is not None and (found := back(current)) is not None:
                 return found
             activity.heartbeat("waiting for Ready")
