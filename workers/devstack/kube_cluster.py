@@ -6,7 +6,7 @@ dir, on free ports; stopped by the PIDs it started and nothing else.
 Identities: `admin` (system:masters) for the tests and the controllers, and one static token per
 FleetMedic process named as the ServiceAccount deploy/kubernetes binds (worker, webhook, agent),
 so the apiserver's RBAC authorizer judges FleetMedic exactly as in a cluster. Every request is in
-the audit log (`requests()`), which is how tests count what FleetMedic did from the outside.
+the audit log (`audit_log`), which is how tests count what FleetMedic did from the outside.
 
 kwok stages (`STAGES`): nodes become Ready and heartbeat; a node annotated `fleetmedic.test/not-ready`
 goes NotReady and comes back Ready when the annotation goes; pods run and are Ready on their node;
@@ -15,7 +15,6 @@ a deleted pod goes away when its grace period (deletionTimestamp) has passed, as
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import subprocess
@@ -23,7 +22,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -239,20 +237,6 @@ class LocalKubeCluster:
             "--node-lease-duration-seconds", "40", "--cidr", "10.0.0.0/16", "--node-ip", "10.1.0.1"])
 
     # --- what tests read ---------------------------------------------------------------------------
-
-    def requests(self, user: str | None = None) -> list[dict[str, Any]]:
-        """Audit events (one per request, non-admin identities), optionally of one user."""
-        events = []
-        if not self.audit_log.exists():
-            return events
-        for line in self.audit_log.read_text().splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # a line being written
-            if user is None or event.get("user", {}).get("username") == user:
-                events.append(event)
-        return events
 
     def identity_user(self, identity: str) -> str:
         namespace, account = IDENTITIES[identity]

@@ -256,9 +256,6 @@ class RealKube:
     def mutations(self) -> list[AuditedRequest]:
         return [r for r in self.requests() if r.method.value in MUTATING]
 
-    def forbidden(self) -> list[AuditedRequest]:
-        return [r for r in self.requests() if r.code == 403]
-
     # --- between tests -----------------------------------------------------------------------------
 
     def reset(self) -> None:
