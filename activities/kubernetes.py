@@ -24,6 +24,7 @@ from temporalio import activity
 
 from activities.errors import fail, from_http_status
 from fleetmedic.errors import ErrorKind
+from fleetmedic.lemon import with_remediation
 from fleetmedic.models import (
     ActionResult,
     EventRequest,
@@ -192,11 +193,13 @@ class KubernetesActivities:
         return [node_info(n, self.policy.labels.gpu_resource) for n in nodes.items]
 
     @activity.defn(name="k8s.fleet_capacity")
-    def fleet_capacity(self, gpu_node_selector: str) -> FleetCapacity:
-        """GPU nodes, and those already out of service (NotReady or cordoned), for the fleet guard."""
+    def fleet_capacity(self, gpu_node_selector: str, topology_label: str | None = None) -> FleetCapacity:
+        """GPU nodes, and those already out of service (NotReady or cordoned) with their topology
+        domain, for the fleet guard."""
         nodes = self.list_nodes(gpu_node_selector)
-        return FleetCapacity(gpu_nodes=len(nodes), unavailable=sorted(n.name for n in nodes
-                                                                      if not n.ready or n.unschedulable))
+        out = [n for n in nodes if not n.ready or n.unschedulable]
+        domains = {n.name: n.labels[topology_label] for n in out if topology_label and n.labels.get(topology_label)}
+        return FleetCapacity(gpu_nodes=len(nodes), unavailable=sorted(n.name for n in out), domains=domains)
 
     @activity.defn(name="k8s.list_pods_on_node")
     def list_pods_on_node(self, node: str) -> list[PodInfo]:
@@ -285,6 +288,14 @@ class KubernetesActivities:
             raise fail(ErrorKind.NOT_OWNED, f"node {target.node} is held by workflow {owner}, not us")
         return owner
 
+    def _remediation(self, node: client.V1Node) -> dict[str, str]:
+        """This run's remediation added to the node's record, which the lemon rule reads (a cordon or
+        taint that takes the node out is one remediation; a retried write is the same entry)."""
+        key = self.policy.labels.remediations_annotation
+        value = with_remediation((node.metadata.annotations or {}).get(key), datetime.now(UTC),
+                                 activity.info().workflow_run_id or "", self.policy.lemon.keep)
+        return {key: value} if value is not None else {}
+
     @activity.defn(name="k8s.cordon_node")
     def cordon_node(self, target: NodeTarget) -> ActionResult:
         workflow_key = self.policy.labels.workflow_annotation
@@ -294,7 +305,7 @@ class KubernetesActivities:
             owner = self._holder(node, target)
             if node.spec and node.spec.unschedulable and owner == target.workflow_id:
                 return None
-            new = {workflow_key: target.workflow_id, reason_key: target.reason}
+            new = {workflow_key: target.workflow_id, reason_key: target.reason, **self._remediation(node)}
             if node.spec and node.spec.unschedulable and not owner:
                 new[PRE_CORDONED] = "true"  # someone else's cordon: keep it when we are done
             return {"spec": {"unschedulable": True}, "metadata": {"annotations": new}}
@@ -353,7 +364,7 @@ class KubernetesActivities:
                 owner = self._holder(node, NodeTarget(node=request.node, workflow_id=request.workflow_id))
                 if add and not owner:
                     patch["metadata"] = {"annotations": {workflow_key: request.workflow_id,
-                                                         reason_key: request.reason}}
+                                                         reason_key: request.reason, **self._remediation(node)}}
                 elif not add and owner and not node.spec.unschedulable:
                     # Ours, and no cordon of ours left on it: the hold ends with the taint.
                     patch["metadata"] = {"annotations": {workflow_key: None, reason_key: None}}

@@ -30,8 +30,11 @@ def _count(name: str, kind: str) -> None:
 
 
 class SlackActivities:
-    def __init__(self, token: str | None, channel: str | None, base_url: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, token: str | None, channel: str | None, base_url: str, timeout_s: float = 10.0,
+                 shadow_channel: str | None = None) -> None:
         self.channel = channel
+        # Dry runs post here (never in the live channel, never with a mention); None: nowhere.
+        self.shadow_channel = shadow_channel
         self.client = WebClient(token=token, base_url=base_url, timeout=int(timeout_s)) if token else None
 
     def _post(self, kind: str, **kwargs: Any) -> NotifyResult:
@@ -55,14 +58,18 @@ class SlackActivities:
     @activity.defn(name="slack.notify_start")
     def notify_start(self, request: NotifyStart) -> NotifyResult:
         mode = " (shadow mode: nothing will be changed)" if request.dry_run else ""
+        if request.dry_run and not self.shadow_channel:
+            log.info("shadow run %s not posted (notify.shadow_channel is unset): %s", request.workflow_id, request.text)
+            return NotifyResult(delivered=False, error="shadow runs post only to notify.shadow_channel, which is unset")
         blocks = [
             {"type": "header", "text": {"type": "plain_text", "text": f"FleetMedic: {request.runbook}"[:150]}},
             {"type": "section", "text": {"type": "mrkdwn", "text": request.text + mode}},
             {"type": "context", "elements": [{"type": "mrkdwn",
                                               "text": f"workflow `{request.workflow_id}` · no action required"}]},
         ]
+        where = {"channel": self.shadow_channel} if request.dry_run else {}
         return self._post("start", text=f"{request.runbook} on {request.node}: {request.text}{mode}",
-                          blocks=blocks)
+                          blocks=blocks, **where)
 
     @activity.defn(name="slack.notify_step")
     def notify_step(self, request: NotifyStep) -> NotifyResult:

@@ -1,4 +1,4 @@
-"""Slurm: node state with `fleetmedic:` reasons, jobs on a node, requeue.
+"""Slurm: node state with `fleetmedic:` reasons, jobs on a node, the checkpoint signal, requeue.
 
 Writes go through `scontrol` (slurmrestd 22.05's API, v0.0.38, cannot update nodes or requeue;
 node updates arrive with v0.0.39). Reads go through slurmrestd when FLEETMEDIC_SLURMRESTD_URL is
@@ -23,10 +23,20 @@ from temporalio import activity
 
 from activities.errors import fail, from_http_status
 from fleetmedic.errors import ErrorKind
-from fleetmedic.models import ActionResult, RequeueJob, SetSlurmNodeState, SlurmJob, SlurmNode, SlurmNodeState
+from fleetmedic.models import (
+    ActionResult,
+    RequeueJob,
+    SetSlurmNodeState,
+    SignalJob,
+    SlurmJob,
+    SlurmNode,
+    SlurmNodeState,
+)
 
 REASON_PREFIX = "fleetmedic:"
 ACTIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
+# How a job ends after the checkpoint signal: most exit 0 once their checkpoint is written.
+ENDED_AFTER_SIGNAL = ("COMPLETED", "FAILED", "CANCELLED")
 
 
 def _classify_cli_error(text: str) -> ErrorKind:
@@ -221,7 +231,8 @@ class SlurmActivities:
         if job.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"):
             return self._result("requeue", target, changed=False, request=request,
                                 detail=f"already {job.state.lower()} (restarts: {job.restart_count})")
-        if job.state not in ACTIVE_JOB_STATES:
+        ended_after_signal = request.signalled and job.state in ENDED_AFTER_SIGNAL
+        if job.state not in ACTIVE_JOB_STATES and not ended_after_signal:
             return self._result("requeue", target, changed=False, request=request,
                                 detail=f"job is {job.state}: nothing to requeue")
         if request.node and request.node not in job.nodes:
@@ -238,16 +249,35 @@ class SlurmActivities:
             if getattr(exc, "type", None) == ErrorKind.CONFLICT:
                 return self._result("requeue", target, changed=False, request=request, detail="already pending")
             raise
-        return self._result("requeue", target, changed=True, request=request)
+        return self._result("requeue", target, changed=True, request=request,
+                            detail=f"it ended ({job.state}) after our signal" if ended_after_signal else "")
 
-    def _dry(self, request: SetSlurmNodeState | RequeueJob) -> bool:
+    @activity.defn(name="slurm.signal_job")
+    def signal_job(self, request: SignalJob) -> ActionResult:
+        """Ask a job to checkpoint before its node goes DOWN (Slurm's DOWN would SIGKILL it KillWait
+        seconds after its SIGTERM). The batch shell and every step get the signal (`--full`), and
+        only while the job runs on the bad node (`--nodelist`)."""
+        job = self.get_job(request.job_id)
+        target = f"Slurm job {request.job_id}"
+        if job.state not in ACTIVE_JOB_STATES or request.node not in self._expand(job.nodes):
+            return self._result("signal", target, changed=False, request=request,
+                                detail=f"{job.state.lower()} on {','.join(job.nodes) or 'no node'}: not signalled")
+        signal = request.signal.removeprefix("SIG")
+        if self._dry(request):
+            return self._result("signal", target, changed=False, request=request, detail=f"SIG{signal}")
+        self.cli.run("scancel", f"--signal={signal}", "--full", f"--nodelist={request.node}", str(request.job_id))
+        return self._result("signal", target, changed=True, request=request, detail=f"SIG{signal}")
+
+    def _dry(self, request: SetSlurmNodeState | RequeueJob | SignalJob) -> bool:
         return request.dry_run or self.force_dry_run
 
-    def _result(self, verb: str, target: str, *, changed: bool, request: SetSlurmNodeState | RequeueJob,
+    def _result(self, verb: str, target: str, *, changed: bool,
+                request: SetSlurmNodeState | RequeueJob | SignalJob,
                 detail: str = "") -> ActionResult:
         dry = self._dry(request)
         return ActionResult(system="slurm", action=verb, target=target, changed=changed and not dry,
                             dry_run=dry, detail=detail)
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.get_node, self.jobs_on_node, self.get_job, self.set_node_state, self.requeue_job]
+        return [self.get_node, self.jobs_on_node, self.get_job, self.set_node_state, self.requeue_job,
+                self.signal_job]

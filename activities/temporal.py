@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from fleetmedic.ids import cluster_workflow_id, guard_workflow_id, start_attributes
-from fleetmedic.models import GuardState, LeaseRequest, Operator
+from fleetmedic.models import FleetPause, GuardState, LeaseRequest, Operator
 from fleetmedic.quota import QuotaSyncInput
 from fleetmedic.trust import UntrustedValue, visibility_literal
 
@@ -40,6 +40,19 @@ class TemporalActivities:
     @activity.defn(name="guard.release")
     async def release_lease(self, cluster: str, workflow_id: str) -> None:
         await self.signal_guard(cluster, "release", workflow_id)
+
+    @activity.defn(name="guard.paused")
+    async def fleet_paused(self, cluster: str) -> FleetPause:
+        """The fleet guard's pause, for runbooks that hold no lease. No guard yet: nothing paused
+        (an operator's `fleetmedic pause` starts the guard, so a pause always has one)."""
+        handle = self.client.get_workflow_handle(guard_workflow_id(cluster))
+        try:
+            state = await handle.query("state", result_type=GuardState)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return FleetPause()
+            raise
+        return FleetPause(paused=state.paused)
 
     @activity.defn(name="kueue.request_sync")
     async def request_quota_sync(self, cluster: str) -> None:
@@ -103,5 +116,5 @@ class TemporalActivities:
             raise
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.request_lease, self.release_lease, self.request_quota_sync, self.stop_runbook, self.running,
-                self.count_remediations]
+        return [self.request_lease, self.release_lease, self.fleet_paused, self.request_quota_sync, self.stop_runbook,
+                self.running, self.count_remediations]

@@ -71,6 +71,12 @@ class TrafficActivities:
         def labels(obj: dict[str, Any]) -> dict[str, str]:
             return dict(obj["metadata"].get("labels") or {})
 
+        # The opt-out of what migrate-back would evict: the Deployment's label, or its namespace's.
+        opt_out = self.k8s.policy.labels.opt_out
+        opted_out_namespaces = set() if light else {
+            n["metadata"]["name"] for n in self._raw("list opted-out namespaces", core.list_namespace,
+                                                     label_selector=opt_out)}
+
         virtual = {n["metadata"]["name"] for n in nodes if label_selector_matches(policy.virtual_node_selector,
                                                                                  labels(n))}
         home: set[str] = set()
@@ -117,8 +123,11 @@ class TrafficActivities:
             owned.update({p.ref: ref for p in mine})
             per_pod = sum(int(parse_quantity(((c.get("resources") or {}).get("requests") or {}).get(gpu, "0")))
                           for c in spec["template"]["spec"].get("containers") or [])
+            opted_out = (f"Deployment {ref} has {opt_out}" if label_selector_matches(opt_out, labels(deployment))
+                         else f"namespace {meta['namespace']} has {opt_out}"
+                         if meta["namespace"] in opted_out_namespaces else "")
             selected.append(InferenceDeployment(
-                namespace=meta["namespace"], name=meta["name"], replicas=spec.get("replicas") or 0,
+                namespace=meta["namespace"], name=meta["name"], replicas=spec.get("replicas") or 0, opted_out=opted_out,
                 ready=sum(1 for p in mine if p.ready),
                 ready_in_cluster=sum(1 for p in mine if p.ready and not p.on_virtual and p.node),
                 gpus_per_pod=per_pod))

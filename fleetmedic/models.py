@@ -210,6 +210,18 @@ class RequeueJob(_Model):
     dry_run: bool = False
     # The bad node: a job no longer on it (Slurm already requeued it and it runs elsewhere) is left alone.
     node: str = ""
+    # The job was signalled by this run to checkpoint: if it then ended on its own (most training
+    # jobs exit after their SIGTERM checkpoint), it is requeued from its finished state.
+    signalled: bool = False
+
+
+class SignalJob(_Model):
+    """Ask a job to checkpoint: `scancel --signal=<signal> --full`, only while it runs on `node`."""
+
+    job_id: int
+    node: str
+    signal: str = "TERM"
+    dry_run: bool = False
 
 
 # --- storage -------------------------------------------------------------------------------
@@ -223,6 +235,8 @@ class Checkpoint(_Model):
     path: str
     step: int | None
     modified: datetime
+    # How the storage's rule judged it complete ("marker", "stable size"); older checkpoints said nothing.
+    complete_by: str = ""
 
 
 # --- providers -------------------------------------------------------------------------------
@@ -330,6 +344,14 @@ class NodeRunbookInput(_Model):
     dry_run: bool = False
     requested_by: str = "alertmanager"
 
+
+
+def missing_input(runbook: str, input: NodeRunbookInput) -> str | None:
+    """What a node runbook cannot start without (the workflow ends `invalid-input` with it, and the
+    CLI refuses before it starts a run)."""
+    if runbook == "xid-recovery" and input.xid is None:
+        return "xid-recovery needs the XID (--xid, or the alert's xid label)"
+    return None
 
 class Operator(_Model):
     by: str = Field(min_length=1)
@@ -473,4 +495,13 @@ class GuardState(_Model):
 class FleetCapacity(_Model):
     gpu_nodes: int
     unavailable: list[str] = Field(default_factory=list)  # NotReady or cordoned GPU nodes
+    # The topology domain of each unavailable node (budget.topology_label), for the per-domain limit.
+    domains: dict[str, str] = Field(default_factory=dict)
+
+
+class FleetPause(_Model):
+    """The fleet guard's pause, for runbooks that hold no lease (traffic runbooks) and so never
+    hear of it through a `lease` answer."""
+
+    paused: Operator | None = None
 

@@ -52,6 +52,8 @@ class LabelPolicy(_Strict):
     opt_out: KeyValue = "fleetmedic.io/remediation=disabled"
     workflow_annotation: str = "fleetmedic.io/workflow"
     reason_annotation: str = "fleetmedic.io/quarantine-reason"
+    # The times of the node's last remediations, for the lemon rule (see fleetmedic/lemon.py).
+    remediations_annotation: str = "fleetmedic.io/remediations"
     gpu_resource: str = "nvidia.com/gpu"
     # Only nodes with this label count as GPU nodes for budgets and capacity.
     gpu_node_selector: KeyValue = "nvidia.com/gpu.present=true"
@@ -135,7 +137,11 @@ class NvlinkPolicy(_Strict):
         return value
 
 class GracePolicy(_Strict):
+    # How long running jobs get to write a checkpoint before the node goes DOWN. In immediate mode
+    # the job is sent `signal` first and the node goes DOWN only after a fresh, complete checkpoint
+    # (or this long): Slurm's own DOWN would kill it after KillWait (30 s by default), whatever this says.
     checkpoint: Duration = Field(default_factory=lambda: _td(seconds=120))
+    signal: str = Field("TERM", pattern=r"^(SIG)?[A-Z][A-Z0-9]{1,9}$")
     eviction_deadline: Duration = Field(default_factory=lambda: _td(minutes=10))
     node_ready_deadline: Duration = Field(default_factory=lambda: _td(minutes=30))
     job_resume_deadline: Duration = Field(default_factory=lambda: _td(minutes=15))
@@ -151,6 +157,16 @@ class BudgetPolicy(_Strict):
     guard_history_events: int = Field(2000, ge=50, le=40000)
     # How often the guard checks that lease holders still run (a crashed holder's lease comes back).
     guard_reclaim_interval: Duration = Field(default_factory=lambda: _td(minutes=1))
+    # A runbook that waited this long for its lease escalates (retry: wait again; skip: go on without
+    # the lease, an operator's override; abort). It keeps its place in line meanwhile.
+    lease_timeout: Duration = Field(default_factory=lambda: _td(hours=2))
+
+
+class DrainPolicy(_Strict):
+    # A pod still on the node when grace.eviction_deadline passes (its PodDisruptionBudget allows no
+    # eviction): escalate (the operator answers retry / skip / abort) or proceed (recorded, and the
+    # outcome says how many pods were left past their PDB).
+    on_blocked: Literal["escalate", "proceed"] = "escalate"
 
 
 class ApprovalPolicy(_Strict):
@@ -166,6 +182,9 @@ class ApprovalPolicy(_Strict):
 class LemonPolicy(_Strict):
     count: int = Field(3, ge=2)
     window: Duration = Field(default_factory=lambda: _td(days=7))
+    # Each live remediation is also written on the node (annotation fleetmedic.io/remediations, the
+    # newest `keep`), so the count survives Temporal's retention of closed runs.
+    keep: int = Field(10, ge=2, le=50)
 
 
 class HttpProviderPolicy(_Strict):
@@ -196,6 +215,19 @@ class StoragePolicy(_Strict):
     root: str = "/checkpoints"
     layout: str = "{job_id}/*"
     step_pattern: str = r"(\d+)"
+    # When a checkpoint counts as written: `stable` — its size (a directory's total) and modification
+    # time are the same across two reads `stable_interval` apart; `marker` — the file `marker` names
+    # exists (`{path}` is the checkpoint, e.g. `{path}/.metadata` for torch.distributed.checkpoint).
+    complete: Literal["stable", "marker"] = "stable"
+    marker: str = "{path}/COMPLETE"
+    stable_interval: Duration = Field(default_factory=lambda: _td(seconds=1))
+
+    @field_validator("marker")
+    @classmethod
+    def _marker(cls, value: str) -> str:
+        if "{path}" not in value or ".." in value.split("/"):
+            raise ValueError("marker must contain {path} and no '..', e.g. '{path}/COMPLETE' or '{path}.done'")
+        return value
 
     @field_validator("layout")
     @classmethod
@@ -339,6 +371,8 @@ class TrafficPolicy(_Strict):
 
 class NotifyPolicy(_Strict):
     slack_channel: str | None = None  # FLEETMEDIC_SLACK_CHANNEL wins when set
+    # Dry (shadow) runs post here, never in the live channel and never with a mention; unset: nowhere.
+    shadow_channel: str | None = None
 
 
 class Policy(_Strict):
@@ -349,6 +383,7 @@ class Policy(_Strict):
     thermal: ThermalPolicy = ThermalPolicy()
     nvlink: NvlinkPolicy = NvlinkPolicy()
     grace: GracePolicy = GracePolicy()
+    drain: DrainPolicy = DrainPolicy()
     budget: BudgetPolicy = BudgetPolicy()
     approvals: ApprovalPolicy = ApprovalPolicy()
     lemon: LemonPolicy = LemonPolicy()

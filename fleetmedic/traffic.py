@@ -39,6 +39,8 @@ class InferenceDeployment(_Model):
     ready: int  # ready pods selected by the Deployment, wherever they run
     ready_in_cluster: int = 0
     gpus_per_pod: int = 0
+    # Why FleetMedic must leave it alone (its own or its namespace's opt-out label), "" when it may act.
+    opted_out: str = ""
 
     @property
     def ref(self) -> str:
@@ -100,6 +102,51 @@ class TrafficSnapshot(_Model):
 
 def minimum_ready(replicas: int, fraction: float) -> int:
     return math.ceil(replicas * fraction)
+
+
+def spread(pods: list[InferencePod]) -> list[InferencePod]:
+    """Round-robin over Deployments: a batch takes a few replicas of each service rather than many of
+    one, so no single service (or its PodDisruptionBudget) carries the whole batch."""
+    by_deployment: dict[str, list[InferencePod]] = {}
+    for pod in sorted(pods, key=lambda p: (p.deployment, p.name)):
+        by_deployment.setdefault(pod.deployment, []).append(pod)
+    queues = list(by_deployment.values())
+    ordered: list[InferencePod] = []
+    while any(queues):
+        for queue in queues:
+            if queue:
+                ordered.append(queue.pop(0))
+    return ordered
+
+
+class Batch(_Model):
+    pods: list[InferencePod] = Field(default_factory=list)  # to evict now
+    waiting: int = 0  # pods away that must wait for headroom (a replacement still starting)
+    left: list[str] = Field(default_factory=list)  # pods that stay away, and why
+
+
+def next_batch(snapshot: TrafficSnapshot, size: int, min_fraction: float) -> Batch:
+    """The next pods to bring home. Each Deployment gives at most its headroom (ready replicas above
+    its minimum), so FleetMedic's own batching keeps the minimum whatever the PodDisruptionBudget
+    allows; opted-out Deployments, and those whose minimum is every replica, stay where they are."""
+    deployments = {d.ref: d for d in snapshot.deployments}
+    room = {ref: d.ready - minimum_ready(d.replicas, min_fraction) for ref, d in deployments.items()}
+    pods: list[InferencePod] = []
+    left: list[str] = []
+    waiting = 0
+    for pod in spread(snapshot.on_virtual):
+        deployment = deployments.get(pod.deployment)
+        if deployment is not None and deployment.opted_out:
+            left.append(f"{pod.ref} ({deployment.opted_out})")
+        elif deployment is not None and minimum_ready(deployment.replicas, min_fraction) >= deployment.replicas:
+            left.append(f"{pod.ref} ({deployment.ref} must keep every replica ready)")
+        elif len(pods) >= size or deployment is not None and pod.ready and room[deployment.ref] <= 0:
+            waiting += 1  # next batch, or its Deployment is at its minimum until a replacement is Ready
+        else:
+            if deployment is not None and pod.ready:
+                room[deployment.ref] -= 1  # a pod that is not Ready serves nobody: moving it costs nothing
+            pods.append(pod)
+    return Batch(pods=pods, waiting=waiting, left=left)
 
 
 def flip_needed(snapshot: TrafficSnapshot) -> tuple[bool, str]:

@@ -49,7 +49,8 @@ def quick_policy(tmp_path: Path, **overrides: Any) -> Policy:
     doc: dict[str, Any] = {
         "grace": {"checkpoint": "20s", "eviction_deadline": "30s", "node_ready_deadline": "60s",
                   "job_resume_deadline": "90s"},
-        "storage": {"root": str(tmp_path / "checkpoints"), "layout": "{job_id}/step-*", "step_pattern": r"(\d+)"},
+        "storage": {"root": str(tmp_path / "checkpoints"), "layout": "{job_id}/step-*", "step_pattern": r"(\d+)",
+                    "stable_interval": "200ms"},
         "escalation": {"slack_mention": "@oncall", "reminder": "1h"},
         "retries": {"reads": {"attempts": 8, "initial_interval": "200ms", "max_interval": "2s"},
                     "writes": {"attempts": 5, "initial_interval": "200ms", "max_interval": "1s"}},

@@ -35,6 +35,15 @@ def test_run_needs_a_node() -> None:
     assert done.returncode == 2 and "--node" in done.stderr
 
 
+async def test_run_refuses_an_xid_recovery_without_its_xid_before_starting_anything(client: Client,
+                                                                                     task_queue: str) -> None:
+    address = client.service_client.config.target_host
+    env = {"FLEETMEDIC_TASK_QUEUE": task_queue, "FLEETMEDIC_CLUSTER": f"c-{task_queue}", "PATH": "/usr/bin:/bin"}
+    done = fleetmedic("run", "xid-recovery", "--node", "n1", "--gpu", "3", "--address", address, env=env)
+    assert done.returncode == 2 and "--xid is required" in done.stderr, done.stderr
+    assert [w async for w in client.list_workflows(f'WorkflowId = "xid-recovery/c-{task_queue}/n1"')] == []
+
+
 async def test_run_starts_once_per_node_and_status_lists_it(client: Client, task_queue: str) -> None:
     # No worker polls this queue: the run stays open, as a runbook waiting for a worker would.
     address = client.service_client.config.target_host

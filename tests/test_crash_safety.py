@@ -1,10 +1,12 @@
 """Crash safety: the worker process is SIGKILLed right after each side effect in turn and restarted;
-every run still completes, and each mutation reached the systems once."""
+every run still completes, and each mutation reached the systems once — counted where the systems
+record them: the API server's audit log, and slurmctld's own log for every `scontrol` write."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +22,7 @@ from temporalio.client import Client
 
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import NodeRunbookInput, RunbookStatus
-from tests.harness import quick_policy
+from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy
 from workers.devstack import fleet
 from workers.devstack.controllers import provider_controller
 from workers.devstack.kube_emulator import KubeEmulatorThread
@@ -95,6 +97,9 @@ async def test_worker_killed_after_each_side_effect(moment: str, client: Client,
 
     policy = quick_policy(tmp_path, provider={"kind": "http", "http": {"url": provider_http.url}},
                           retries={"call_timeout": "6s"})
+    # A training job on the node: it is signalled, checkpoints, and is requeued once.
+    job = slurm.submit(CHECKPOINTING_JOB.format(root=policy.storage.root), "-w", node)
+    assert job_on(slurm, job) == node
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(yaml.safe_dump(policy.serving(task_queue).model_dump(mode="json", by_alias=True)))
     env = {**os.environ, "TEMPORAL_ADDRESS": client.service_client.config.target_host,
@@ -107,6 +112,10 @@ async def test_worker_killed_after_each_side_effect(moment: str, client: Client,
     def sinfo() -> tuple[str, str]:
         state, reason = slurm.node_state(node, timeout=3)
         return state.rstrip("*"), reason
+
+    def slurm_down() -> bool:  # DOWN, whatever sinfo's short name (drained first, it says "drain")
+        out = slurm.run("scontrol", "show", "node", node, "-o", timeout=3).stdout
+        return "State=DOWN" in out
 
     def node_obj() -> dict[str, Any]:
         return kube.emulator.get("v1", "Node", node) or {}
@@ -121,12 +130,12 @@ async def test_worker_killed_after_each_side_effect(moment: str, client: Client,
 
     def after_down_then(check: Callable[[], bool]) -> Callable[[], bool]:
         def condition() -> bool:
-            seen["down"] = seen["down"] or sinfo()[0] == "down"
+            seen["down"] = seen["down"] or slurm_down()
             return seen["down"] and check()
         return condition
 
     conditions: dict[str, Callable[[], bool]] = {
-        "slurm down": lambda: sinfo()[0] == "down",
+        "slurm down": slurm_down,
         "cordoned": lambda: bool(node_obj().get("spec", {}).get("unschedulable")),
         "first pod evicted": lambda: len([p for p in kube.emulator.list("v1", "Pod")
                                           if p["spec"]["nodeName"] == node]) < 3,
@@ -175,3 +184,9 @@ async def test_worker_killed_after_each_side_effect(moment: str, client: Client,
     assert len(kube.emulator.list("v1", "Event")) == 1
     assert sinfo() in (("idle", "none"), ("mix", "none"), ("alloc", "none"))
     assert not node_obj()["spec"].get("unschedulable")
+    # Slurm saw each write once: DRAIN, the checkpoint signal, DOWN, RESUME (to IDLE).
+    log = (slurm.dir / "log" / "slurmctld.log").read_text()
+    states = re.findall(rf"update_node: node {node} state set to (\w+)", log)
+    assert [s for s in states if s in ("DRAINING", "DOWN", "IDLE")] == ["DRAINING", "DOWN", "IDLE"], states
+    assert len(re.findall(rf"REQUEST_KILL_JOB JobId={job} ", log)) == 1
+    assert any(f"job {job} runs again" in d.result for d in report.decisions), report.decisions

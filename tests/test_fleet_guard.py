@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,19 +13,35 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from fleetmedic.ids import guard_workflow_id, node_workflow_id
-from fleetmedic.models import GuardState, NodeRunbookInput, Operator, RunbookStatus
+from fleetmedic.models import EscalationAnswer, GuardState, NodeRunbookInput, Operator, RunbookStatus
 from tests.harness import quick_policy, settings_for, worker_for
 from workers.devstack import fleet
 from workers.devstack.controllers import provider_controller
 from workers.devstack.kube_emulator import KubeEmulatorThread
 from workers.devstack.kube_world import RealKube
-from workers.devstack.standins import ProviderStandIn
+from workers.devstack.standins import ProviderStandIn, SlackStandIn
 
 
 def guard_policy(tmp_path: Path, provider: ProviderStandIn, **budget: Any):  # type: ignore[no-untyped-def]
     return quick_policy(tmp_path, provider={"kind": "http", "http": {"url": provider.url}},
                         budget={"max_concurrent": 5, "max_unavailable_fraction": 0.10, "max_per_hour": 1000,
                                 "topology_label": None, "guard_history_events": 200, **budget})
+
+
+class OutOfService(threading.Thread):
+    """Samples the API server: the most GPU nodes cordoned or NotReady at once."""
+
+    def __init__(self, kube: RealKube) -> None:
+        super().__init__(daemon=True)
+        self.kube, self.stop, self.most = kube, threading.Event(), 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            nodes = self.kube.emulator.list("v1", "Node")
+            out = [n for n in nodes if n["spec"].get("unschedulable") or not any(
+                c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions") or [])]
+            self.most = max(self.most, len(out))
+            time.sleep(0.1)
 
 
 async def guard_state(client: Client, cluster: str) -> GuardState:
@@ -44,6 +62,8 @@ async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue:
     failing = [f"gpu-{i:03d}" for i in range(0, 80, 2)]  # 40 nodes
     cluster = task_queue
     handles: list[WorkflowHandle[Any, RunbookStatus]] = []
+    sampler = OutOfService(kube)
+    sampler.start()
     with provider_controller(kube, provider_http, delay_s=0.2):
         worker = worker_for(client, settings, policy)
         async with worker:
@@ -63,7 +83,10 @@ async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue:
         async with worker_for(client, settings, policy):
             reports = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 300)
             final = await guard_state(client, cluster)
+    sampler.stop.set()
     assert [r.outcome for r in reports] == ["remediated"] * 40
+    # Counted from the API server, not from the guard: never more than the budget out at once.
+    assert 1 <= sampler.most <= 5, sampler.most
     assert final.max_held <= 5, final.max_held
     assert final.max_held == 5  # the budget was used, not merely respected
     assert final.grants == 40 and final.holders == [] and final.queue == []
@@ -191,3 +214,68 @@ async def test_an_unreadable_fleet_grants_no_lease_and_says_so_then_recovers(
             report = await asyncio.wait_for(run.result(), 90)
         assert report.outcome == "remediated", report.decisions
         assert (await guard_state(client, cluster)).capacity_unknown is None
+
+
+async def test_the_domain_limit_counts_nodes_already_down_in_the_domain(
+        client: Client, task_queue: str, kube: RealKube, provider_http: ProviderStandIn, tmp_path: Path) -> None:
+    """zone-a already has a node cordoned by someone else: with two per domain, only one more of
+    zone-a may go out, while zone-b takes its own. Counted from the API, not from the guard."""
+    for i in range(10):
+        kube.emulator.put(fleet.node(f"gpu-{i}", zone="zone-a" if i < 5 else "zone-b", unschedulable=i == 0))
+    policy = guard_policy(tmp_path, provider_http, max_unavailable_fraction=0.5, max_per_domain=2,
+                          topology_label="topology.kubernetes.io/zone")
+    cluster = task_queue
+    async with worker_for(client, settings_for(task_queue, kube, provider=provider_http), policy):
+        # No provider controller: each run holds its lease while it waits for its node to come back.
+        for node in ("gpu-1", "gpu-2", "gpu-6"):
+            await client.start_workflow(
+                "xid-recovery", NodeRunbookInput(cluster=cluster, node=node, gpu=0, xid=79),
+                id=node_workflow_id("xid-recovery", cluster, node), task_queue=task_queue)
+        for _ in range(150):
+            state = await guard_state(client, cluster)
+            if len(state.holders) == 2 and state.queue:
+                break
+            await asyncio.sleep(0.2)
+        # One of zone-a's two runs holds a lease (whichever asked first), the other waits; zone-b's runs.
+        held, waiting = sorted(h.node for h in state.holders), [q.node for q in state.queue]
+        assert len(held) == 2 and "gpu-6" in held and len(waiting) == 1, state
+        assert sorted([*held, *waiting]) == ["gpu-1", "gpu-2", "gpu-6"]
+        await asyncio.sleep(3)  # the guard re-counts: still held
+        down_in_a = [n["metadata"]["name"] for n in kube.emulator.list("v1", "Node")
+                     if n["metadata"]["labels"]["topology.kubernetes.io/zone"] == "zone-a"
+                     and n["spec"].get("unschedulable")]
+        assert sorted(down_in_a) == sorted(["gpu-0", *(n for n in held if n != "gpu-6")])
+        for node in ("gpu-1", "gpu-2", "gpu-6"):
+            await client.get_workflow_handle(node_workflow_id("xid-recovery", cluster, node)).terminate("test over")
+
+
+async def test_a_lease_that_never_comes_escalates(client: Client, task_queue: str, kube: RealKube,
+                                                  provider_http: ProviderStandIn, slack: SlackStandIn,
+                                                  tmp_path: Path) -> None:
+    for i in range(10):
+        kube.emulator.put(fleet.node(f"gpu-{i}"))
+    policy = guard_policy(tmp_path, provider_http, max_concurrent=1, lease_timeout="3s")
+    cluster = task_queue
+    settings = settings_for(task_queue, kube, provider=provider_http, slack=slack)
+    async with worker_for(client, settings, policy):
+        holder = await client.start_workflow(  # holds the only lease: its node never comes back
+            "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-1", gpu=0, xid=79),
+            id=node_workflow_id("xid-recovery", cluster, "gpu-1"), task_queue=task_queue)
+        while not (await guard_state(client, cluster)).holders:
+            await asyncio.sleep(0.2)
+        waiter = await client.start_workflow(
+            "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-2", gpu=0, xid=79),
+            id=node_workflow_id("xid-recovery", cluster, "gpu-2"), task_queue=task_queue, result_type=RunbookStatus)
+        for _ in range(150):
+            status = await waiter.query("status", result_type=RunbookStatus)
+            if status.escalation is not None:
+                break
+            await asyncio.sleep(0.2)
+        assert status.escalation is not None and status.escalation.step == "take disruption lease"
+        assert "no disruption lease" in status.escalation.error and "position 1" in status.escalation.error
+        assert any("@oncall" in m["text"] and "take disruption lease" in m["text"] for m in slack.messages)
+        await waiter.signal("answer", EscalationAnswer(action="abort", by="sre", reason="later"))
+        report = await asyncio.wait_for(waiter.result(), 30)
+        await holder.terminate("test over")
+    assert report.outcome == "aborted"
+    assert not kube.emulator.get("v1", "Node", "gpu-2")["spec"].get("unschedulable")  # never touched

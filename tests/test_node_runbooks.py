@@ -32,8 +32,10 @@ async def test_opt_out_pod_stops_every_destructive_step(stack: Stack, runbook: s
 
 @RUNBOOKS
 async def test_dry_run_changes_nothing_and_the_audit_says_what_would_happen(stack: Stack, runbook: str) -> None:
-    report, handle = await stack.run("gpu-node-0", runbook=runbook, dry_run=True)
-    assert report.outcome == "remediated" and report.dry_run
+    policy = stack.policy(notify={"shadow_channel": "#fleet-shadow"})
+    report, handle = await stack.run("gpu-node-0", runbook=runbook, dry_run=True, policy=policy)
+    assert report.outcome == "dry-run" and report.dry_run
+    assert report.decisions[-1].result.startswith("dry-run: would have ended remediated")
     assert stack.kube.emulator.mutations() == []
     assert stack.provider.requests == []
     assert stack.slurm_state("gpu-node-0") == ("idle", "none")
@@ -45,7 +47,10 @@ async def test_dry_run_changes_nothing_and_the_audit_says_what_would_happen(stac
     for line in ("would set DOWN Slurm node gpu-node-0", held, evicted,
                  "would ask http to replace node gpu-node-0", "would uncordon node gpu-node-0"):
         assert line in audit, line
+    # The thread is in the shadow channel, never the live one, and mentions nobody.
+    assert {m["channel"] for m in stack.slack.messages} == {"#fleet-shadow"}
     assert "shadow mode" in stack.slack.messages[0]["text"]
+    assert not any("@oncall" in m["text"] for m in stack.slack.messages)
 
 
 @RUNBOOKS

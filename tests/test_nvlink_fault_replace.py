@@ -65,5 +65,5 @@ async def test_replacement_waits_for_approval_when_policy_asks(stack: Stack) -> 
 
 async def test_xid_74_is_an_nvlink_fault(stack: Stack) -> None:
     report, _ = await stack.run("gpu-node-0", runbook="nvlink-fault-replace", xid=74, dry_run=True)
-    assert report.outcome == "remediated"
+    assert report.outcome == "dry-run" and "would have ended remediated" in report.decisions[-1].result
     assert any("XID 74 (NVLink) on GPU 3" in d.result for d in report.decisions)

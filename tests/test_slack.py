@@ -24,10 +24,16 @@ def test_thread_per_run(slack: SlackStandIn) -> None:
     assert answer["text"] == "@oncall cordoned" and answer["thread_ts"] == start.ts
 
 
-def test_shadow_mode_says_so(slack: SlackStandIn) -> None:
-    notifier = SlackActivities("xoxb-test", "#gpu-fleet", slack.api_url, timeout_s=5)
-    run(notifier.notify_start, NotifyStart(workflow_id="w", runbook="xid-recovery", text="XID 79", dry_run=True))
-    assert "shadow mode" in slack.messages[0]["text"]
+def test_shadow_runs_post_only_to_the_shadow_channel(slack: SlackStandIn) -> None:
+    quiet = SlackActivities("xoxb-test", "#gpu-fleet", slack.api_url, timeout_s=5)
+    result = run(quiet.notify_start, NotifyStart(workflow_id="w", runbook="xid-recovery", text="XID 79", dry_run=True))
+    assert not result.delivered and "shadow_channel" in result.error
+    assert slack.messages == []  # never in the live channel
+    notifier = SlackActivities("xoxb-test", "#gpu-fleet", slack.api_url, timeout_s=5, shadow_channel="#fleet-shadow")
+    result = run(notifier.notify_start, NotifyStart(workflow_id="w", runbook="xid-recovery", text="XID 79",
+                                                    dry_run=True))
+    assert result.delivered and result.channel == "#fleet-shadow"
+    assert "shadow mode" in slack.messages[0]["text"] and slack.messages[0]["channel"] == "#fleet-shadow"
 
 
 def test_failures_are_reported_not_raised(slack: SlackStandIn) -> None:

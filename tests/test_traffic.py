@@ -18,10 +18,11 @@ from kubernetes import client as k8s
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 
-from fleetmedic.ids import cluster_workflow_id
-from fleetmedic.models import EscalationAnswer, RunbookStatus
+from fleetmedic.ids import cluster_workflow_id, guard_workflow_id
+from fleetmedic.models import EscalationAnswer, GuardState, Operator, RunbookStatus
 from fleetmedic.policy import Policy
 from fleetmedic.traffic import TrafficInput
+from tests.gate_check import assert_gated
 from tests.harness import quick_policy, settings_for, worker_for
 from tests.runbook_stack import save_history, status_when
 from workers.devstack import fleet
@@ -191,6 +192,9 @@ async def test_training_finished_forty_pods_come_home_in_batches_never_below_the
     world.kube.emulator.put(virtual_node(overflow_closed=False))
     fill_home_with_training(world)  # first: the scheduler places the Deployment's pods the moment it exists
     world.kube.emulator.put(deployment("serve", REPLICAS))
+    # A PDB far looser than the policy's minimum: FleetMedic's own batching is what holds 36 of 40.
+    world.kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
+                                      min_available=20))
     with replica_controller(world.kube):
         training_finishes(world)
         start_sampling(sampler)
@@ -198,14 +202,16 @@ async def test_training_finished_forty_pods_come_home_in_batches_never_below_the
             migrate = await world.start("migrate-back")
             report = await asyncio.wait_for(migrate.result(), 120)
             await save_history(migrate)
+            gated = assert_gated(await migrate.fetch_history())
         world.wait(lambda: world.all_home_ready("home"), what="all home and ready")
         # Evicted pods take their grace period to go (a kubelet's SIGTERM, then the pod object).
         world.wait(lambda: world.on("virtual") == [], what="the pods moved home have left the virtual node")
     assert report.outcome == "migrated", report.decisions
     assert sampler.min_ready >= MINIMUM, sampler.min_ready
     assert sampler.effects == {"NoSchedule"}  # closed again, and never with NoExecute
+    assert gated == {"k8s.add_taint", "traffic.evict"}
     batches = [d for d in report.decisions if d.step == "move a batch home" and d.result.startswith("evicted")]
-    assert len(batches) >= REPLICAS // 5
+    assert len(batches) >= REPLICAS // 4  # at most 40 - 36 at a time, though the batch size is 5
     assert any("40 pod(s) home" in d.result and "never below the minimum" in d.result for d in report.decisions)
 
 
@@ -236,6 +242,53 @@ async def test_training_again_mid_migration_stops_it_within_a_batch_and_the_flip
     assert opened >= migrated.decisions[-1].at  # never acting at the same time
 
 
+async def test_migrate_back_waits_out_a_fleet_pause_and_an_abort_ends_it(world: World) -> None:
+    """The fleet pause reaches a runbook that holds no lease: it asks the guard at each gate."""
+    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    fill_home_with_training(world)
+    world.kube.emulator.put(deployment("serve", REPLICAS))
+    with replica_controller(world.kube):
+        training_finishes(world)
+        async with worker_for(world.client, settings(world), world.policy()):
+            await world.client.start_workflow(  # `fleetmedic pause`: the guard starts paused
+                "fleet-guard", GuardState(cluster=world.task_queue), id=guard_workflow_id(world.task_queue),
+                task_queue=world.task_queue, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                start_signal="pause", start_signal_args=[Operator(by="dana", reason="change freeze")])
+            migrate = await world.start("migrate-back")
+            status = await status_when(migrate, lambda s: "fleet paused by dana" in (s.waiting_for or ""))
+            assert status.step == "close the virtual node" and status.paused is not None
+            await asyncio.sleep(2)
+            assert world.overflow() == [] and len(world.on("virtual")) == REPLICAS  # nothing changed
+            await migrate.signal("abort", Operator(by="dana", reason="not today"))
+            report = await asyncio.wait_for(migrate.result(), 60)
+    assert report.outcome == "aborted", report.decisions
+    assert len(world.on("virtual")) == REPLICAS
+
+
+async def test_an_opted_out_namespace_stays_on_the_virtual_node(world: World) -> None:
+    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    fill_home_with_training(world)
+    world.kube.emulator.put(deployment("serve", REPLICAS))
+    namespace = world.kube.emulator.get("v1", "Namespace", "inference")
+    assert namespace is not None
+    labels = namespace["metadata"].setdefault("labels", {})
+    try:
+        labels["fleetmedic.io/remediation"] = "disabled"
+        world.kube.emulator.put(namespace)
+        with replica_controller(world.kube):
+            training_finishes(world)
+            async with worker_for(world.client, settings(world), world.policy()):
+                report = await asyncio.wait_for((await world.start("migrate-back")).result(), 60)
+    finally:
+        labels.pop("fleetmedic.io/remediation", None)
+        world.kube.emulator.put(namespace)
+    assert report.outcome == "migrated", report.decisions
+    assert "0 pod(s) home" in report.decisions[-1].result
+    assert "namespace inference has fleetmedic.io/remediation=disabled" in report.decisions[-1].result
+    assert len(world.on("virtual")) == REPLICAS
+    assert not [m for m in world.kube.emulator.mutations() if m.url.path.endswith("/eviction")]
+
+
 async def test_a_failed_slo_gate_pauses_the_migration_and_escalates(world: World) -> None:
     world.kube.emulator.put(virtual_node(overflow_closed=False))
     fill_home_with_training(world)  # first: the scheduler places the Deployment's pods the moment it exists
@@ -249,7 +302,7 @@ async def test_a_failed_slo_gate_pauses_the_migration_and_escalates(world: World
             migrate = await world.start("migrate-back")
             status = await status_when(migrate, lambda s: s.escalation is not None)
             assert status.escalation is not None and status.escalation.step == "SLO gate"
-            assert "could not evict 5 pod(s)" in status.escalation.error and "PodDisruptionBudget" in \
+            assert "could not evict 4 pod(s)" in status.escalation.error and "PodDisruptionBudget" in \
                 status.escalation.error and "paused" in status.escalation.error
             await migrate.signal("answer", EscalationAnswer(action="abort", by="sre", reason="service frozen"))
             report = await asyncio.wait_for(migrate.result(), 60)
@@ -364,7 +417,8 @@ async def test_the_slo_query_gates_each_batch_against_a_real_prometheus(world: W
             status = await status_when(migrate, lambda s: s.escalation is not None)
             assert status.escalation is not None
             assert "SLO: max(inference_gateway_error_ratio) = 0.2 (max 0.01)" in status.escalation.error
-            assert len(world.on("home")) == 10  # paused after the first batch
+            # Paused after the first batch: 4, not the batch size of 10 — 36 of 40 must stay ready.
+            assert len(world.on("home")) == REPLICAS - MINIMUM
             errors.set(0.0)  # the gateway recovered
             await asyncio.sleep(2)  # two scrapes
             await migrate.signal("answer", EscalationAnswer(action="retry", by="sre", reason="gateway fixed"))

@@ -279,8 +279,8 @@ async def test_run_metrics_reach_the_workers_metrics_endpoint(client: Client, ta
             "xid-recovery", NodeRunbookInput(cluster=task_queue, node="gpu-m", gpu=1, xid=79, dry_run=True),
             id=node_workflow_id("xid-recovery", task_queue, "gpu-m"), task_queue=task_queue,
             result_type=RunbookStatus)
-        assert report.outcome == "remediated"
+        assert report.outcome == "dry-run"
         body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     finished = [line for line in body.splitlines() if line.startswith("fleetmedic_runbooks_finished")]
-    assert any('outcome="remediated"' in line and 'runbook="xid-recovery"' in line for line in finished), finished
+    assert any('outcome="dry-run"' in line and 'runbook="xid-recovery"' in line for line in finished), finished
     assert "fleetmedic_time_to_repair" in body

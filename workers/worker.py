@@ -79,7 +79,7 @@ def build_activities(settings: Settings, policy: Policy, client: Client,
         StorageActivities(policy.storage),
         ProviderActivities(provider, force_dry_run=dry),
         SlackActivities(settings.slack_bot_token, settings.slack_channel or policy.notify.slack_channel,
-                        settings.slack_api_url),
+                        settings.slack_api_url, shadow_channel=policy.notify.shadow_channel),
         AgentActivities(settings.agent_url, settings.agent_token, force_dry_run=dry),
         TemporalActivities(client, settings.task_queue),
     ]

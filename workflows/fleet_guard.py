@@ -7,8 +7,9 @@ guard for a lease first; the guard grants them explicitly, in the order asked (F
 - the share of GPU nodes out of service — nodes already NotReady or cordoned, plus the nodes
   under a lease — stays within `budget.max_unavailable_fraction` (at least one node);
 - fewer than `budget.max_per_hour` leases were granted in the last hour;
-- a topology domain (`budget.topology_label`) has fewer than `budget.max_per_domain` leases
-  (a request blocked only by its domain lets the next one in line pass).
+- a topology domain (`budget.topology_label`) has fewer than `budget.max_per_domain` nodes out
+  of service — under a lease, or already NotReady or cordoned — (a request blocked only by its
+  domain lets the next one in line pass).
 
 A plain `wait_condition` on a counter would let every waiter through at once; here each grant is
 a decision recorded in the guard's history and a `lease` signal to exactly one runbook. The guard
@@ -132,8 +133,7 @@ class FleetGuard:
             out = set(capacity.unavailable) | held
             if request.node not in out and len(out) + 1 > allowed_out:
                 break  # the next disruption would take too much of the fleet out
-            in_domain = sum(1 for h in self.state.holders if request.domain and h.domain == request.domain)
-            if in_domain >= budget.max_per_domain:
+            if request.domain and self.domain_out(request, capacity) >= budget.max_per_domain:
                 index += 1  # its domain is full: the next in line may pass
                 continue
             self.state.queue.pop(index)
@@ -145,6 +145,16 @@ class FleetGuard:
             self.told.pop(request.workflow_id, None)
             out_now = len(set(capacity.unavailable) | {h.node for h in self.state.holders})
             self.out_fraction = out_now / capacity.gpu_nodes
+
+    def domain_out(self, request: LeaseRequest, capacity: FleetCapacity) -> int:
+        """Nodes of the request's domain out of service: under a lease, or already NotReady or
+        cordoned (by anyone). Nodes of runbooks waiting in line do not count against each other."""
+        held = {h.node for h in self.state.holders if h.domain == request.domain}
+        if not workflow.patched("domain-counts-nodes-out"):  # guards recorded before: leases only
+            return len(held)
+        waiting = {q.node for q in self.state.queue}
+        down = {node for node, domain in capacity.domains.items() if domain == request.domain} - waiting
+        return len((held | down) - {request.node})
 
     def record_metrics(self) -> None:
         """Budget use on the worker's /metrics (the dashboard's budget panel). Gauges: each
@@ -166,7 +176,8 @@ class FleetGuard:
             return self.capacity
         try:
             capacity: FleetCapacity = await workflow.execute_activity(
-                "k8s.fleet_capacity", self.policy.labels.gpu_node_selector, result_type=FleetCapacity,
+                "k8s.fleet_capacity", args=[self.policy.labels.gpu_node_selector, self.policy.budget.topology_label],
+                result_type=FleetCapacity,
                 start_to_close_timeout=self.policy.retries.call_timeout, retry_policy=bounded_retry(self.policy),
                 summary="count GPU nodes out of service")
             self.capacity, self.capacity_at = capacity, workflow.now()

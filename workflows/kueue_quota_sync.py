@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-from workflows.runbook import Runbook, RunbookAborted
+from workflows.runbook import DryRunEnded, Runbook, RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic.models import ActionResult, EventRequest, RunbookStatus
@@ -68,6 +68,10 @@ class KueueQuotaSync(Runbook):
         except RunbookAborted as aborted:
             self.finish("aborted")
             self.decide("sync", f"aborted by {aborted.by}: {aborted.reason}")
+            return self.status()
+        except DryRunEnded as ended:
+            self.decide("sync", f"would have escalated {ended.step} to a person: {ended.error}")
+            self.finish("dry-run")
             return self.status()
         held = [c for c in self.changed if c.needs_approval and c.new > c.target]
         applied = [c for c in self.changed if c.new != c.current]
@@ -144,6 +148,7 @@ class KueueQuotaSync(Runbook):
             return
         assert self.policy is not None
         self.enter("apply")
+        await self.hold_before_destructive("apply")  # abort, this run's pause, the fleet's pause
         new = {c.flavor: c.new for c in changes}
         update = QuotaUpdate(queue=queue, dry_run=self.dry_run,
                              slots=[s.model_copy(update={"nominal": new[s.flavor]}) for s in slots if s.flavor in new])

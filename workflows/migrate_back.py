@@ -5,7 +5,9 @@ notices — and no money is spent on rented GPUs once home has room.
 2. stop a running traffic-flip and wait for it (the two never act together);
 3. close the virtual node(s): the overflow taint back as NoSchedule — never NoExecute, which
    would evict everything at once;
-4. in batches (policy size and pacing): evict a batch from the virtual node (PDBs honoured), wait
+4. in batches (policy size and pacing; never more of a Deployment than its ready replicas above
+   its minimum, whatever its PDB allows; opted-out Deployments and namespaces stay where they
+   are): evict a batch from the virtual node (PDBs honoured), wait
    until the replacements are Ready in-cluster, check the SLO gate (ready replicas at or above
    the minimum; the policy's Prometheus query when it names one), then the next batch;
 5. stop at once — taint off again, pods where they are — when training takes the GPUs again or
@@ -15,7 +17,7 @@ notices — and no money is spent on rented GPUs once home has room.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -25,7 +27,19 @@ from workflows.traffic_steps import Stopped, TrafficRunbook
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic.models import EvictionReport, RunbookStatus
-    from fleetmedic.traffic import EvictPods, HomeReport, InferencePod, SloCheck, SloResult, WaitHome, home_free
+    from fleetmedic.traffic import (
+        EvictPods,
+        HomeReport,
+        SloCheck,
+        SloResult,
+        WaitHome,
+        home_free,
+        next_batch,
+        spread,
+    )
+
+
+HEADROOM_POLL = timedelta(seconds=2)
 
 
 @workflow.defn(name="migrate-back")
@@ -38,9 +52,14 @@ class MigrateBack(TrafficRunbook):
         self._init_run(raw)
         self.moved = 0
         self.lowest = float("inf")
+        self.left_away: list[str] = []
+        self.no_headroom_since: datetime | None = None
 
     @workflow.run
     async def run(self, raw: dict[str, Any]) -> RunbookStatus:
+        return await self.run_to_end(self.migrate)
+
+    async def migrate(self) -> RunbookStatus:
         snap = await self.begin()
         nodes = snap.virtual_nodes
         if not snap.on_virtual and not snap.virtual_open:
@@ -54,7 +73,7 @@ class MigrateBack(TrafficRunbook):
         started = workflow.now()
         try:
             await self.stop_other()
-            await self.hold_while_paused("close the virtual node")
+            await self.gate("close the virtual node")
             await self.set_overflow(nodes, closed=True, step="close the virtual node")
             await self.move_home()
         except Stopped as stopped:
@@ -68,21 +87,39 @@ class MigrateBack(TrafficRunbook):
         lowest = "never below" if self.lowest >= 1 else f"{self.lowest:.0%} of"
         workflow.metric_meter().with_additional_attributes({"cluster": self.cluster}).create_histogram_timedelta(
             "fleetmedic_traffic_migrate_back_duration", "time to bring inference home").record(took)
+        more = f" and {len(self.left_away) - 5} more" if len(self.left_away) > 5 else ""
+        left = f"; left on the virtual node: {', '.join(self.left_away[:5])}{more}" if self.left_away else ""
         return await self.record("migrated", f"{self.moved} pod(s) home in {took}; ready replicas {lowest} "
-                                             f"the minimum", nodes)
+                                             f"the minimum{left}", nodes, warning=bool(self.left_away))
 
     async def move_home(self) -> None:
         traffic = self.traffic
+        planned: set[str] = set()  # a dry run's pods already counted as moved (nothing moves for real)
         while True:
-            await self.hold_while_paused("move a batch home")
+            await self.gate("move a batch home")
             snap = await self.snapshot("move a batch home")
             if snap.training:
                 raise Stopped("training took the GPUs again: "
                               + ", ".join(f"{w.namespace}/{w.name}" for w in snap.training))
-            away = spread(snap.on_virtual)
-            if not away:
-                return
-            batch = away[:traffic.batch_size]
+            if workflow.patched("batch-within-minimum"):
+                if planned:
+                    snap = snap.model_copy(update={"pods": [p for p in snap.pods if p.ref not in planned]})
+                chosen = next_batch(snap, traffic.batch_size, traffic.min_ready_fraction)
+                if not chosen.pods and not chosen.waiting:
+                    if chosen.left:
+                        self.left_away = chosen.left
+                        self.decide("move a batch home", "left on the virtual node: " + ", ".join(chosen.left))
+                    return
+                if not chosen.pods:  # every Deployment at its minimum: wait for replacements to be Ready
+                    await self.wait_for_headroom()
+                    continue
+                self.no_headroom_since = None
+                batch, last = chosen.pods, not chosen.waiting
+            else:  # runs recorded before: the policy's batch size alone
+                away = spread(snap.on_virtual)
+                if not away:
+                    return
+                batch, last = away[:traffic.batch_size], len(away) <= traffic.batch_size
             home_before = sum(d.ready_in_cluster for d in snap.deployments)
             report = await self.call("move a batch home", "traffic.evict", EvictPods(
                 pods=[p.ref for p in batch], deadline_s=traffic.batch_timeout.total_seconds(),
@@ -95,7 +132,8 @@ class MigrateBack(TrafficRunbook):
                                                        if report.failed else ""))
             if self.dry_run:
                 self.moved += len(batch)
-                if len(away) <= traffic.batch_size:
+                planned.update(p.ref for p in batch)
+                if last:
                     return
                 continue
             home = await self.call("wait for replacements", "traffic.wait_home", WaitHome(
@@ -108,6 +146,24 @@ class MigrateBack(TrafficRunbook):
             await self.slo_gate(home, report)
             if traffic.batch_pause:
                 await workflow.sleep(traffic.batch_pause, summary="pace between batches")
+
+    async def wait_for_headroom(self) -> None:
+        """Every Deployment with pods away is at its minimum of ready replicas: wait for the last
+        batch's replacements. Past the batch timeout a person is asked (the SLO gate's escalation)."""
+        traffic = self.traffic
+        if self.no_headroom_since is None:
+            self.no_headroom_since = workflow.now()
+        if workflow.now() - self.no_headroom_since > traffic.batch_timeout:
+            self.no_headroom_since = None
+            self.enter("SLO gate")
+            answer = await self.escalate("SLO gate", "every Deployment with pods away has been at its minimum of "
+                                                     f"ready replicas for {traffic.batch_timeout}: none can move "
+                                                     "without going below it — the migration is paused")
+            if answer.action == "abort":
+                raise RunbookAborted(answer.by, answer.reason or "no headroom")
+            return
+        self.waiting_for = "a Deployment above its minimum of ready replicas (replacements starting)"
+        await workflow.sleep(HEADROOM_POLL, summary="move a batch home: wait for headroom")
 
     async def slo_gate(self, home: HomeReport | None, report: EvictionReport) -> None:
         """Every pod of the batch left, replacements Ready at home with every Deployment at its minimum,
@@ -135,17 +191,3 @@ class MigrateBack(TrafficRunbook):
         if answer.action == "abort":
             raise RunbookAborted(answer.by, answer.reason or "SLO gate failed")
 
-
-def spread(pods: list[InferencePod]) -> list[InferencePod]:
-    """Round-robin over Deployments: a batch takes a few replicas of each service rather than many of
-    one, so no single service (or its PodDisruptionBudget) carries the whole batch."""
-    by_deployment: dict[str, list[InferencePod]] = {}
-    for pod in sorted(pods, key=lambda p: (p.deployment, p.name)):
-        by_deployment.setdefault(pod.deployment, []).append(pod)
-    queues = list(by_deployment.values())
-    ordered: list[InferencePod] = []
-    while any(queues):
-        for queue in queues:
-            if queue:
-                ordered.append(queue.pop(0))
-    return ordered

@@ -18,11 +18,12 @@ from temporalio import workflow
 from temporalio.common import MetricMeter, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError
 
-from workflows.runbook import Runbook, RunbookAborted, input_error
+from workflows.runbook import DryRunEnded, Runbook, RunbookAborted, input_error
 
 with workflow.unsafe.imports_passed_through():
 
     from fleetmedic import ids
+    from fleetmedic.lemon import count_since, lemon_count
     from fleetmedic.models import (
         ActionResult,
         Checkpoint,
@@ -34,12 +35,14 @@ with workflow.unsafe.imports_passed_through():
         NodeInfo,
         NodeRunbookInput,
         NodeTarget,
+        OptOut,
         ProviderRequest,
         ProviderResult,
         RequeueJob,
         RunbookStatus,
         RunContext,
         SetSlurmNodeState,
+        SignalJob,
         SlurmJob,
         SlurmNodeState,
         Taint,
@@ -52,6 +55,8 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic.trust import node_name_error
 
 POLL = timedelta(seconds=2)
+# How a job that got the checkpoint signal may have ended by itself (it counts as having left).
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
 # A fault confirmed before a lease that took longer than this to come is confirmed again.
 RECHECK_AFTER = timedelta(minutes=1)
 
@@ -87,6 +92,8 @@ class NodeRunbook(Runbook):
     back_at: datetime | None = None  # when it returned
     node_gpus = 0
     lease_held = False
+    # Pods still on the node past the eviction deadline that the run went on without (drain.on_blocked).
+    left_past_pdb: tuple[str, ...] = ()
 
     # --- start ----------------------------------------------------------------------------------
 
@@ -118,6 +125,8 @@ class NodeRunbook(Runbook):
             await self.record_outcome(nothing.outcome, nothing.reason)
         except OptedOut as opted:
             await self.stop_for_opt_out(opted)
+        except DryRunEnded as ended:
+            await self.end_dry_run(ended)
         except Rejected as rejected:
             if self.mutated:
                 await self.leave_quarantined(f"{self.step_name} rejected by {rejected.by}: {rejected.reason}")
@@ -172,6 +181,19 @@ class NodeRunbook(Runbook):
         # The taint holds the node for this run like a cordon does (the same annotations).
         return TaintRequest(node=self.node, taint=taint, dry_run=self.dry_run, workflow_id=self.workflow_id,
                             reason=reason)
+
+    def hears_fleet_pause(self) -> bool:
+        return self.lease_held  # the guard tells lease holders (and those in line) of its pause
+
+    async def before_destructive(self, step: str) -> OptOut:
+        """The runbook base's gate with the node's opt-out: its label, or a pod's on it, read now."""
+        async def node_opt_out() -> OptOut:
+            opt_out = await self.call(f"{step}: opt-out check", "k8s.check_opt_out", self.node, OptOut)
+            if opt_out is None:  # the operator skipped the check: treat as opted out, to be safe
+                return OptOut(opted_out=True, reasons=["opt-out check skipped by an operator"])
+            return opt_out
+
+        return await self.hold_before_destructive(step, node_opt_out)
 
     async def gate(self, step: str, kinds: tuple[str, ...] = ()) -> None:
         """The safety gate of a destructive step: pause, approval when policy asks, then the
@@ -238,8 +260,21 @@ class NodeRunbook(Runbook):
         await self.call("take disruption lease", "guard.request", [self.cluster, request], type(None),
                         spread=True)
         self.lease_held = True  # from here on, every way out releases it
-        await self.wait("lease from the fleet guard",
-                        lambda: self.lease_answer is not None and self.lease_answer.granted)
+        timeout = self.policy.budget.lease_timeout if workflow.patched("lease-wait-escalates") else None
+        while not await self.wait("lease from the fleet guard",
+                                  lambda: self.lease_answer is not None and self.lease_answer.granted, timeout=timeout):
+            # Still in line (the budget is in use, the fleet paused, or the guard cannot count the
+            # fleet): a person decides — wait again, go on without the lease, or abort.
+            told = self.lease_answer
+            where = f"position {told.position}, {told.reason}" if told else "no answer from the guard"
+            answer = await self.escalate("take disruption lease", f"no disruption lease from fleet-guard/"
+                                                                  f"{self.cluster} within {timeout} ({where})")
+            if answer.action == "abort":
+                raise RunbookAborted(answer.by, answer.reason or "no disruption lease")
+            if answer.action == "skip":
+                self.decide("take disruption lease", f"{answer.by} overrode the disruption budget: going on "
+                                                     "without a lease")
+                return
         self.decide("take disruption lease", f"granted by fleet-guard/{self.cluster}"
                     + (f" (domain {domain})" if domain else ""))
 
@@ -265,8 +300,11 @@ class NodeRunbook(Runbook):
                                  taint: Taint | None = None, drain_selector: str | None = None,
                                  recheck: Callable[[], Awaitable[Any]] | None = None) -> list[SlurmJob]:
         """Lease → out of service (Slurm and Kubernetes together) → grace for checkpoints → requeue
-        → drain. `grace`: how long running jobs get to checkpoint (after SIGTERM for DOWN; for
-        DRAIN, until their next periodic checkpoint). `recheck`: confirms the fault again when the
+        → drain. `grace`: how long running jobs get to checkpoint. For DOWN, the node is set DRAIN
+        first (nothing new lands), each job gets the policy's signal, and DOWN follows a fresh,
+        complete checkpoint (or the grace): Slurm's own DOWN would SIGKILL the job KillWait seconds
+        after its SIGTERM, whatever the policy's grace. For DRAIN, the grace runs until the jobs'
+        next periodic checkpoint. `recheck`: confirms the fault again when the
         lease took long to come (it raises when there is nothing left to do). Returns the jobs
         that ran on the node."""
         asked = workflow.now()
@@ -274,9 +312,17 @@ class NodeRunbook(Runbook):
         if recheck is not None and workflow.now() - asked > RECHECK_AFTER:
             await recheck()
         signalled_at = workflow.now()
-        jobs = await self.take_out_of_service(state, reason, taint)
-        await self.grace_for_checkpoints(jobs, signalled_at, grace)
-        await self.ensure_requeued(jobs)
+        # Patched: runs recorded before it went DOWN at once and let Slurm's SIGTERM be the signal.
+        signal_first = (state is SlurmNodeState.DOWN and self.context.slurm_enabled
+                        and workflow.patched("signal-before-down"))
+        jobs = await self.take_out_of_service(state, reason, taint, drain_while_jobs=signal_first)
+        if signal_first and jobs:
+            signalled_at = await self.signal_jobs(jobs)
+            await self.grace_for_checkpoints(jobs, signalled_at, grace, ended_counts=True)
+            await self.slurm_down(reason)
+        else:
+            await self.grace_for_checkpoints(jobs, signalled_at, grace)
+        await self.ensure_requeued(jobs, signalled=signal_first)
         await self.drain(drain_selector)
         return jobs
 
@@ -295,19 +341,23 @@ class NodeRunbook(Runbook):
         summary += "; node back in service"
         if jobs:
             summary += f"; {len(jobs) - len(stuck)}/{len(jobs)} job(s) resumed"
-        return await self.record_outcome("remediated", summary, warning=bool(stuck))
+        if self.left_past_pdb:
+            summary += (f" ({len(self.left_past_pdb)} pod(s) left on the node past their PodDisruptionBudget: "
+                        f"{', '.join(self.left_past_pdb)})")
+        return await self.record_outcome("remediated", summary, warning=bool(stuck or self.left_past_pdb))
 
     # --- Slurm ------------------------------------------------------------------------------------
 
-    async def take_out_of_service(self, state: SlurmNodeState, reason: str,
-                                  taint: Taint | None = None) -> list[SlurmJob]:
+    async def take_out_of_service(self, state: SlurmNodeState, reason: str, taint: Taint | None = None, *,
+                                  drain_while_jobs: bool = False) -> list[SlurmJob]:
         """Slurm DOWN/DRAIN (DOWN sends running jobs SIGTERM) and the Kubernetes cordon, at the same moment.
 
         The cordon only stops new pods from landing on a node that is going away, so it does not
         wait for the checkpoint grace (the drain does); doing both at once is what takes a bad
         node out of service within a second of the alert. With `taint`, the node is tainted
         instead of cordoned: out for whatever does not tolerate it (training), still open to
-        what does (inference). Returns the Slurm jobs that ran there.
+        what does (inference). `drain_while_jobs`: DRAIN instead of DOWN while jobs run there
+        (they are signalled to checkpoint first). Returns the Slurm jobs that ran there.
         """
         slurm = self.context.slurm_enabled
 
@@ -329,6 +379,8 @@ class NodeRunbook(Runbook):
         self.out_since = workflow.now()
         if not slurm:
             self.decide("take out of service", "Slurm: skipped, not enabled on this worker")
+        if drain_while_jobs and jobs:
+            state = SlurmNodeState.DRAIN
         await asyncio.gather(
             self.act("take out of service", "slurm.set_node_state",
                      SetSlurmNodeState(node=self.node, state=state, reason=reason, dry_run=self.dry_run))
@@ -341,9 +393,34 @@ class NodeRunbook(Runbook):
                 f"{j.job_id} ({j.name}, restarts {j.restart_count})" for j in jobs))
         return jobs or []
 
-    async def grace_for_checkpoints(self, jobs: list[SlurmJob], signalled_at: datetime,
-                                    grace: timedelta) -> dict[int, Checkpoint | None]:
-        """Wait until each job wrote a checkpoint after SIGTERM or left the node, at most `grace`."""
+    async def signal_jobs(self, jobs: list[SlurmJob]) -> datetime:
+        """Ask each job on the node to checkpoint (the policy's signal, SIGTERM by default). Returns
+        the moment the signals went out: only a checkpoint written after it is fresh."""
+        assert self.policy is not None
+        self.enter("signal jobs to checkpoint")
+        opt_out = await self.before_destructive("signal jobs to checkpoint")
+        if opt_out.opted_out:
+            raise OptedOut("signal jobs to checkpoint", opt_out.reasons)
+        signalled_at = workflow.now()
+        for job in jobs:
+            await self.act("signal jobs to checkpoint", "slurm.signal_job", SignalJob(
+                job_id=job.job_id, node=self.node, signal=self.policy.grace.signal, dry_run=self.dry_run))
+        return signalled_at
+
+    async def slurm_down(self, reason: str) -> None:
+        """After the grace: the node DOWN in Slurm, which kills what still runs there (Slurm requeues it)."""
+        self.enter("take the node DOWN")
+        opt_out = await self.before_destructive("take the node DOWN")
+        if opt_out.opted_out:
+            raise OptedOut("take the node DOWN", opt_out.reasons)
+        await self.act("take the node DOWN", "slurm.set_node_state",
+                       SetSlurmNodeState(node=self.node, state=SlurmNodeState.DOWN, reason=reason,
+                                         dry_run=self.dry_run))
+
+    async def grace_for_checkpoints(self, jobs: list[SlurmJob], signalled_at: datetime, grace: timedelta, *,
+                                    ended_counts: bool = False) -> dict[int, Checkpoint | None]:
+        """Wait until each job wrote a complete checkpoint after the signal, or left the node, at most
+        `grace`. `ended_counts`: a job that ended by itself after the signal has left too."""
         self.enter("grace for checkpoints")
         fresh: dict[int, Checkpoint | None] = {}
         if not jobs:
@@ -365,7 +442,8 @@ class NodeRunbook(Runbook):
                                                          f"({checkpoint.path})")
                     continue
                 now_job = await self.call("grace for checkpoints", "slurm.get_job", job_id, SlurmJob)
-                if now_job is not None and (self.node not in now_job.nodes or now_job.state == "PENDING"):
+                if now_job is not None and (self.node not in now_job.nodes or now_job.state == "PENDING"
+                                            or ended_counts and now_job.state in ENDED):
                     del pending[job_id]
                     self.decide("grace for checkpoints", f"job {job_id} left the node ({now_job.state.lower()})")
             if pending:
@@ -377,7 +455,7 @@ class NodeRunbook(Runbook):
                                                  f"job(s) {sorted(pending)}")
         return fresh
 
-    async def ensure_requeued(self, jobs: list[SlurmJob]) -> dict[int, Checkpoint | None]:
+    async def ensure_requeued(self, jobs: list[SlurmJob], signalled: bool = False) -> dict[int, Checkpoint | None]:
         """Every affected job is requeued (by Slurm or by us); record where each resumes from."""
         self.enter("ensure requeue")
         resume_from: dict[int, Checkpoint | None] = {}
@@ -391,7 +469,7 @@ class NodeRunbook(Runbook):
                 opt_out = await self.before_destructive("ensure requeue")
                 if opt_out.opted_out:
                     raise OptedOut("ensure requeue", opt_out.reasons)
-                request = RequeueJob(job_id=job.job_id, dry_run=self.dry_run, node=self.node)
+                request = RequeueJob(job_id=job.job_id, dry_run=self.dry_run, node=self.node, signalled=signalled)
             else:
                 request = RequeueJob(job_id=job.job_id, dry_run=self.dry_run)
             await self.act("ensure requeue", "slurm.requeue_job", request)
@@ -406,17 +484,21 @@ class NodeRunbook(Runbook):
     # --- Kubernetes -----------------------------------------------------------------------------
 
     async def drain(self, selector: str | None = None) -> EvictionReport | None:
-        """Evict the node's pods (PDBs honoured, DaemonSets skipped, a deadline), after the grace."""
+        """Evict the node's pods (PDBs honoured, DaemonSets skipped, a deadline), after the grace.
+        Pods still there at the deadline are never passed over silently: the policy's
+        `drain.on_blocked` escalates (retry / skip / abort) or proceeds, and the outcome says so."""
         assert self.policy is not None
         await self.gate("drain")
         deadline = self.policy.grace.eviction_deadline
-        report = await self.call(
-            "drain", "k8s.evict_pods",
-            EvictRequest(node=self.node, deadline_s=deadline.total_seconds(), dry_run=self.dry_run,
-                         workflow_id=self.workflow_id, selector=selector),
-            EvictionReport, timeout=deadline + timedelta(minutes=1), heartbeat=self.call_timeout(),
-            retry=self.retry("writes"))
-        if report is not None:
+        while True:
+            report = await self.call(
+                "drain", "k8s.evict_pods",
+                EvictRequest(node=self.node, deadline_s=deadline.total_seconds(), dry_run=self.dry_run,
+                             workflow_id=self.workflow_id, selector=selector),
+                EvictionReport, timeout=deadline + timedelta(minutes=1), heartbeat=self.call_timeout(),
+                retry=self.retry("writes"))
+            if report is None:
+                return None
             self.actions.append(ActionResult(
                 system="kubernetes", action="evict", target=f"{len(report.evicted)} pod(s) from node {self.node}",
                 changed=bool(report.evicted) and not report.dry_run, dry_run=report.dry_run,
@@ -426,7 +508,25 @@ class NodeRunbook(Runbook):
             if report.failed:
                 text += "; could not evict: " + ", ".join(f"{p.pod} ({p.reason})" for p in report.failed)
             self.decide("drain", text)
-        return report
+            if not report.failed or report.dry_run or not workflow.patched("drain-on-blocked"):
+                return report
+            blocked = tuple(p.pod for p in report.failed)
+            if self.policy.drain.on_blocked == "proceed":
+                self.left_past_pdb = blocked
+                self.decide("drain", f"going on with {len(blocked)} pod(s) still on the node past the eviction "
+                                     f"deadline (policy drain.on_blocked: proceed): {', '.join(blocked)}")
+                return report
+            answer = await self.escalate("drain", f"{len(blocked)} pod(s) still on {self.node} after the eviction "
+                                                  f"deadline of {deadline}: {', '.join(blocked)}. Answer retry (evict "
+                                                  "again), skip (go on without them) or abort")
+            if answer.action == "abort":
+                raise RunbookAborted(answer.by, answer.reason or "drain blocked")
+            if answer.action == "skip":
+                self.left_past_pdb = blocked
+                return report
+            opt_out = await self.before_destructive("drain")  # retry: the gate again, then evict again
+            if opt_out.opted_out:
+                raise OptedOut("drain", opt_out.reasons)
 
     # --- remediation ------------------------------------------------------------------------------
 
@@ -491,6 +591,12 @@ class NodeRunbook(Runbook):
         since = workflow.now() - self.policy.lemon.window
         before = await self.call("lemon check", "temporal.count_remediations", [self.cluster, self.node, since], int,
                                  spread=True) or 0
+        if workflow.patched("lemon-count-on-node"):
+            # The node's own record outlives Temporal's retention of closed runs.
+            node = await self.call("lemon check", "k8s.get_node", self.node, NodeInfo)
+            on_node = count_since(node.annotations.get(self.policy.labels.remediations_annotation), since,
+                                  exclude_run=workflow.info().run_id) if node else 0
+            before = lemon_count(before, on_node)
         count = before + 1
         if count >= self.policy.lemon.count:
             self.decide("lemon check", f"remediation #{count} of {self.node} within {self.policy.lemon.window}: "

@@ -5,8 +5,9 @@ A `Runbook` owns one incident. It gives each runbook, without repeating it:
   resolved alert attaches here), `answer` (retry / skip / abort an escalation), `replaced`;
 - `call()`: one activity with its timeout and a bounded retry policy; when the retries run out
   the step escalates (Slack mention) and waits for an operator's answer instead of vanishing;
-- the safety gate before every destructive step: a paused run waits, the opt-out label is
-  checked again, and shadow (dry-run) runs record "would …" instead of acting;
+- the safety gate before every destructive step (`hold_before_destructive`): an aborted run
+  ends, a paused run (or fleet) waits, the opt-out of what the step touches is read again, and
+  shadow (dry-run) runs record "would …" instead of acting, page nobody, and end `dry-run`;
 - the Slack thread of the run and the `FleetStep` / `FleetOutcome` search attributes.
 
 No I/O here: everything external is an activity, referenced by name so the sandbox never
@@ -16,6 +17,7 @@ imports a client library.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -35,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         Escalation,
         EscalationAnswer,
         EventRequest,
+        FleetPause,
         LeaseAnswer,
         NotifyResult,
         NotifyStart,
@@ -64,6 +67,19 @@ class RunbookAborted(Exception):
         self.by, self.reason = by, reason
 
 
+class DryRunEnded(Exception):
+    """A dry (shadow) run met an error where a live run would escalate: it ends `dry-run` instead
+    of paging a person about a run that was never going to change anything."""
+
+    def __init__(self, step: str, error: str) -> None:
+        super().__init__(f"{step}: {error}")
+        self.step, self.error = step, error
+
+
+# How often a runbook without a lease asks the fleet guard whether the fleet is still paused.
+FLEET_PAUSE_POLL = timedelta(seconds=15)
+
+
 class Runbook:
     """Base class of every runbook workflow: state, operator handlers and step helpers."""
 
@@ -77,6 +93,7 @@ class Runbook:
         self.waiting_for: str | None = None
         self.paused: Operator | None = None
         self.abort_request: Operator | None = None
+        self.abort_honoured = False  # raised once: what follows (the outcome, recovery) must still run
         self.escalation: Escalation | None = None
         self.escalation_answer: EscalationAnswer | None = None
         self.replaced_signal: Replaced | None = None
@@ -214,14 +231,19 @@ class Runbook:
                                    non_retryable=True)
 
     def check_abort(self) -> None:
-        if self.abort_request is not None:
+        if self.abort_pending():
+            assert self.abort_request is not None
+            self.abort_honoured = True
             raise RunbookAborted(self.abort_request.by, self.abort_request.reason)
+
+    def abort_pending(self) -> bool:
+        return self.abort_request is not None and not self.abort_honoured
 
     async def wait(self, what: str, condition: Any, timeout: timedelta | None = None) -> bool:
         """wait_condition that also wakes up for an abort, and says what it waits for."""
         self.waiting_for = what
         try:
-            await workflow.wait_condition(lambda: bool(condition()) or self.abort_request is not None,
+            await workflow.wait_condition(lambda: bool(condition()) or self.abort_pending(),
                                           timeout=timeout, timeout_summary=f"waiting for {what}"[:200])
             self.check_abort()
             return True
@@ -295,7 +317,10 @@ class Runbook:
         return result
 
     async def escalate(self, step: str, error: str) -> EscalationAnswer:
-        """Tell a human (Slack mention) and wait for `answer`; remind every `reminder`."""
+        """Tell a human (Slack mention) and wait for `answer`; remind every `reminder`. A dry run
+        pages nobody: it ends there (`DryRunEnded`), saying what it would have escalated."""
+        if self.dry_run and workflow.patched("dry-run-never-escalates"):
+            raise DryRunEnded(step, error)
         self.escalation = Escalation(step=step, error=error, since=workflow.now())
         self.escalation_answer = None
         mention = self.policy.escalation.slack_mention if self.policy else None
@@ -315,18 +340,43 @@ class Runbook:
 
     # --- safety gate --------------------------------------------------------------------------
 
-    async def before_destructive(self, step: str) -> OptOut:
-        """Right before each destructive step: wait out a pause (this run's or the fleet's), then
-        re-check the opt-out."""
-        while (pause := self.paused or self.fleet_paused) is not None:
+    async def hold_before_destructive(self, step: str,
+                                      opt_out: Callable[[], Awaitable[OptOut]] | None = None) -> OptOut:
+        """The one gate every destructive call of every runbook passes, right before it: an abort
+        ends the run; a pause (this run's, or the fleet's) is waited out; then the opt-out of the
+        objects the step touches is read now (`opt_out`: the node's label for node steps)."""
+        self.check_abort()
+        await self.hold_while_paused(step)
+        self.check_abort()
+        if opt_out is None:
+            return OptOut(opted_out=False)
+        return await opt_out()
+
+    def hears_fleet_pause(self) -> bool:
+        """Whether the fleet guard's pause reaches this run by itself (with its lease answers).
+        Runbooks without a lease ask the guard at each gate instead."""
+        return False
+
+    async def hold_while_paused(self, step: str) -> None:
+        """Wait while this run or the fleet is paused; say so once per pause."""
+        announced: Operator | None = None
+        while True:
+            asks = not self.hears_fleet_pause() and not self.dry_run and workflow.patched("fleet-pause-asked")
+            if asks:
+                fleet = await self.call(f"{step}: fleet pause", "guard.paused", self.cluster, FleetPause)
+                self.fleet_paused = fleet.paused if fleet is not None else None
+            pause = self.paused or self.fleet_paused
+            if pause is None:
+                return
             scope = "paused" if self.paused else "fleet paused"
-            await self.say(f":double_vertical_bar: {scope} by {pause.by} before *{step}*: {pause.reason}")
+            # Patched: traffic runbooks recorded before their gate existed neither asked nor said.
+            if pause != announced and (self.hears_fleet_pause() or workflow.patched("fleet-pause-asked")):
+                await self.say(f":double_vertical_bar: {scope} by {pause.by} before *{step}*: {pause.reason}")
+                announced = pause
+            # A run without a lease is told of no resume: it asks again every FLEET_PAUSE_POLL.
             await self.wait(f"resume ({scope} by {pause.by}: {pause.reason})",
-                            lambda: (self.paused or self.fleet_paused) is None)
-        opt_out = await self.call(f"{step}: opt-out check", "k8s.check_opt_out", self.node, OptOut)
-        if opt_out is None:  # the operator skipped the check: treat as opted out, to be safe
-            return OptOut(opted_out=True, reasons=["opt-out check skipped by an operator"])
-        return opt_out
+                            lambda: (self.paused or self.fleet_paused) is None,
+                            timeout=FLEET_PAUSE_POLL if asks and not self.paused else None)
 
     # --- the end ------------------------------------------------------------------------------
 
@@ -334,8 +384,10 @@ class Runbook:
                              event_on: str | None = None) -> str:
         """The outcome everywhere it is looked for: an Event on the node the run was about (`event_on`,
         by default the run's node; none when empty), the Slack thread, the decisions, the metrics and
-        the `FleetOutcome` search attribute."""
+        the `FleetOutcome` search attribute. A dry run ends `dry-run`, with what it would have done."""
         self.enter("record outcome")
+        if self.dry_run and outcome != "dry-run" and workflow.patched("dry-run-outcome"):
+            message, outcome = f"would have ended {outcome}: {message}", "dry-run"
         subject = self.node if event_on is None else event_on
         if subject:
             event = EventRequest(name=subject, reason=f"FleetMedic{outcome.title().replace('-', '')}",
@@ -350,6 +402,10 @@ class Runbook:
         self.decide("record outcome", f"{outcome}: {message}")
         self.record_metrics(outcome)
         return self.finish(outcome)
+
+    async def end_dry_run(self, ended: DryRunEnded, event_on: str | None = None) -> str:
+        return await self.record_outcome("dry-run", f"would have escalated {ended.step} to a person: {ended.error}",
+                                         warning=True, event_on=event_on)
 
     def record_metrics(self, outcome: str) -> MetricMeter:
         """Runbooks by outcome on the worker's /metrics (the SDK drops metrics recorded while
@@ -371,7 +427,9 @@ class Runbook:
             summary="notify: open the Slack thread"))
 
     async def say(self, text: str, mention: str | None = None) -> None:
-        """A thread reply; notifications never fail the runbook."""
+        """A thread reply; notifications never fail the runbook. Dry runs mention nobody."""
+        if self.dry_run:
+            mention = None
         if self.thread is None and self.thread_task is not None:
             try:
                 self.thread = await self.thread_task

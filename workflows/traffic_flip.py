@@ -37,6 +37,9 @@ class TrafficFlip(TrafficRunbook):
 
     @workflow.run
     async def run(self, raw: dict[str, Any]) -> RunbookStatus:
+        return await self.run_to_end(self.flip)
+
+    async def flip(self) -> RunbookStatus:
         snap = await self.begin()
         needed, why = flip_needed(snap)
         self.decide("confirm", why)
@@ -47,7 +50,7 @@ class TrafficFlip(TrafficRunbook):
         try:
             await self.stop_other()
             await self.prewarm(snap.inference_gpus, snap.virtual_gpus, snap.virtual_nodes)
-            await self.hold_while_paused("open the virtual node")
+            await self.gate("open the virtual node")
             await self.set_overflow(snap.virtual_nodes, closed=False, step="open the virtual node")
             below_s = await self.watch()
         except (Stopped, RunbookAborted) as stopped:
@@ -72,6 +75,7 @@ class TrafficFlip(TrafficRunbook):
         if have >= need:
             self.decide("pre-warm", f"external capacity {have} GPUs already covers inference's {need}")
             return
+        await self.gate("pre-warm")  # rented GPUs cost money: the gate first
         result = await self.call("pre-warm", "provider.request", ProviderRequest(
             cluster=self.cluster, node=nodes[0], action="prewarm", reason=f"inference needs {need} GPUs outside",
             idempotency_key=f"{self.workflow_id}/{workflow.info().first_execution_run_id}/prewarm",

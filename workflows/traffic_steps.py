@@ -7,12 +7,13 @@ before it changes anything.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
 
-from workflows.runbook import Runbook, input_error
+from workflows.runbook import DryRunEnded, Runbook, input_error
 
 with workflow.unsafe.imports_passed_through():
 
@@ -47,6 +48,14 @@ class TrafficRunbook(Runbook):
         """The other traffic runbook starts (or an operator): stop before the next change."""
         self.stop_request = operator
 
+    async def run_to_end(self, body: Callable[[], Awaitable[RunbookStatus]]) -> RunbookStatus:
+        """The runbook's body; a dry run that would have paged a person ends `dry-run` instead."""
+        try:
+            return await body()
+        except DryRunEnded as ended:
+            await self.end_dry_run(ended, event_on="")
+            return self.status()
+
     async def begin(self) -> TrafficSnapshot:
         """A valid input, the policy, and the cluster as it is now (the `confirm` step's reading)."""
         self.fail_if_invalid(self.invalid)
@@ -64,12 +73,13 @@ class TrafficRunbook(Runbook):
         assert snap is not None, "an operator skipped the cluster read"
         return snap
 
-    async def hold_while_paused(self, step: str) -> None:
-        while self.paused is not None:
-            await self.wait(f"resume (paused by {self.paused.by}: {self.paused.reason})", lambda: self.paused is None)
+    async def gate(self, step: str) -> None:
+        """The gate of each change a traffic runbook makes: abort, this run's pause, the fleet's
+        pause (asked of the fleet guard: no lease brings it here), and the other runbook's stop."""
+        self.enter(step)
+        await self.hold_before_destructive(step)
         if self.stop_request is not None:
             raise Stopped(f"{self.stop_request.by}: {self.stop_request.reason}")
-        self.enter(step)
 
     async def stop_other(self) -> None:
         """Ask the other traffic runbook to stop, and wait until it has closed."""

@@ -27,11 +27,10 @@ from typing import Any
 
 from temporalio import workflow
 
-from workflows.node_steps import NodeRunbook, gpu_name
-from workflows.runbook import RunbookAborted
+from workflows.node_steps import NodeRunbook, NothingToDo, gpu_name
 
 with workflow.unsafe.imports_passed_through():
-    from fleetmedic.models import Alert, NodeRunbookInput, RunbookStatus, SlurmNodeState
+    from fleetmedic.models import Alert, NodeRunbookInput, RunbookStatus, SlurmNodeState, missing_input
     from fleetmedic.routing import alert_facts
     from fleetmedic.trust import UntrustedValue
     from fleetmedic.xid import XidAction, XidClassification, classify_xid
@@ -54,8 +53,9 @@ class XidRecovery(NodeRunbook):
 
     async def recover(self, input: NodeRunbookInput) -> str:
         await self.load(input.xid)
-        if input.xid is None:
-            raise RunbookAborted("fleetmedic", "xid-recovery needs an XID")
+        if (missing := missing_input(self.runbook, input)) is not None:
+            raise NothingToDo("invalid-input", missing)  # before anything is touched
+        assert input.xid is not None
         verdict = self.classify(input.xid, input.gpu, input.alert.starts_at if input.alert else None)
 
         self.enter("notify")

@@ -191,6 +191,13 @@ class LocalSlurmCluster:
         out = self.run("scontrol", "token", f"lifespan={lifespan_s}").stdout.strip()
         return out.split("=", 1)[1]
 
+    def stop_controller(self) -> None:
+        """Stop slurmctld (ours, by its PID), as a crash or an outage would: clients then time out."""
+        proc = self.procs.get("slurmctld")
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
+
     def stop(self) -> None:
         for proc in reversed(list(self.procs.values())):
             if proc.poll() is None:

@@ -1,0 +1,75 @@
+"""The safety gate, proved from the history: every destructive activity a runbook scheduled came
+right after a gate read (the opt-out check, or the fleet pause asked of the guard) of the same step.
+
+Each activity's summary in the history starts with its step ("drain: k8s.evict_pods"), and each
+gate read with the step it guards ("drain: opt-out check: k8s.check_opt_out").
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from temporalio.client import WorkflowHistory
+
+
+def _always(_: dict[str, Any]) -> bool:
+    return True
+
+
+# Every activity that changes what runs where, kills or signals something, or spends money —
+# with the inputs for which it does. A new activity must be listed here or in SAFE (checked below).
+DESTRUCTIVE: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "slurm.set_node_state": lambda arg: arg.get("state") in ("DOWN", "DRAIN"),
+    "slurm.signal_job": _always,
+    "slurm.requeue_job": _always,
+    "k8s.cordon_node": _always,
+    "k8s.add_taint": _always,
+    "k8s.evict_pods": _always,
+    "traffic.evict": _always,
+    "provider.request": _always,
+    "agent.reset_gpu": _always,
+    "kueue.set_quota": _always,
+}
+# Reads, notifications, bookkeeping, and the recovery steps that give a node back (never held by a
+# pause: a paused fleet must still heal).
+SAFE = {
+    "agent.available", "agent.gpus", "agent.validate", "config.context", "config.policy", "guard.paused",
+    "guard.release", "guard.request", "k8s.annotate_quarantine", "k8s.check_opt_out", "k8s.fleet_capacity",
+    "k8s.get_node", "k8s.list_kueue_workloads", "k8s.list_nodes", "k8s.list_pods_on_node", "k8s.record_event",
+    "k8s.remove_taint", "k8s.uncordon_node", "k8s.wait_node_ready", "kueue.request_sync", "kueue.snapshot",
+    "provider.capabilities", "slack.notify_start", "slack.notify_step", "slurm.get_job", "slurm.get_node",
+    "slurm.jobs_on_node", "storage.newest_checkpoint", "temporal.count_remediations", "temporal.running",
+    "traffic.slo", "traffic.snapshot", "traffic.stop_runbook", "traffic.wait_home",
+}
+GATE_READS = {"k8s.check_opt_out", "guard.paused"}
+
+
+def scheduled(history: WorkflowHistory) -> list[tuple[str, str, dict[str, Any]]]:
+    """(activity type, step, first argument) of each activity the run scheduled, in order."""
+    out = []
+    for event in history.events:
+        if not event.HasField("activity_task_scheduled_event_attributes"):
+            continue
+        attributes = event.activity_task_scheduled_event_attributes
+        summary = json.loads(event.user_metadata.summary.data) if event.user_metadata.summary.data else ""
+        payloads = attributes.input.payloads
+        arg = json.loads(payloads[0].data) if payloads else None
+        out.append((attributes.activity_type.name, str(summary).split(":")[0], arg if isinstance(arg, dict) else {}))
+    return out
+
+
+def assert_gated(history: WorkflowHistory) -> set[str]:
+    """Every destructive call preceded by a gate read of its own step. Returns the destructive
+    activity types the run called, so a test can say which it expected."""
+    seen: set[str] = set()
+    last_gate: str | None = None
+    for name, step, arg in scheduled(history):
+        if name in GATE_READS:
+            last_gate = step
+        elif name in DESTRUCTIVE and DESTRUCTIVE[name](arg):
+            assert last_gate == step, f"{name} ({step}) was not preceded by the gate of its step " \
+                                      f"(last gate: {last_gate})"
+            seen.add(name)
+    return seen
