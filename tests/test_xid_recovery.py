@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,7 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from fleetmedic.ids import node_workflow_id
+from fleetmedic.lemon import remediations, with_remediation
 from fleetmedic.models import Alert, EscalationAnswer, NodeRunbookInput, RunbookStatus
 from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy, settings_for, worker_for
 from tests.runbook_stack import Stack, status_when
@@ -246,6 +247,67 @@ async def test_third_remediation_in_the_window_retires_a_lemon_node(stack: Stack
     assert node["spec"]["unschedulable"] is True
     assert "lemon node: 3 remediations" in node["metadata"]["annotations"]["fleetmedic.io/quarantine-reason"]
     assert stack.slurm_state("gpu-node-1")[0] == "down"
+
+
+async def test_the_lemon_count_survives_temporal_retention(stack: Stack) -> None:
+    """Two remediations whose runs Temporal has already forgotten, recorded on the node itself."""
+    policy = stack.policy(lemon={"count": 3, "window": "7d"})
+    now = datetime.now(UTC)
+    record = with_remediation(None, now - timedelta(days=2), "run-past-retention-1", keep=10)
+    record = with_remediation(record, now - timedelta(days=1), "run-past-retention-2", keep=10)
+    node = stack.node("gpu-node-1")
+    node["metadata"]["annotations"]["fleetmedic.io/remediations"] = record
+    stack.kube.emulator.put(node)
+    report, _ = await stack.run("gpu-node-1", policy=policy)
+    assert report.outcome == "lemon", report.decisions
+    assert [r["action"] for r in stack.provider.accepted()] == ["rma"]
+    runs = remediations(stack.node("gpu-node-1")["metadata"]["annotations"]["fleetmedic.io/remediations"])
+    assert len(runs) == 3 and runs[-1][1] not in ("run-past-retention-1", "run-past-retention-2")
+
+
+def frozen_serve_pdb(stack: Stack) -> None:
+    """The service's owners froze it: its PDB lets no replica go (4 replicas, all 4 required)."""
+    stack.kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"}, min_available=4))
+
+
+async def test_a_pod_its_pdb_never_releases_escalates_and_skip_is_named_in_the_outcome(stack: Stack) -> None:
+    frozen_serve_pdb(stack)
+
+    async def operator_skips(handle: WorkflowHandle[Any, Any]) -> None:
+        status = await status_when(handle, lambda s: s.escalation is not None)
+        assert status.escalation is not None and status.escalation.step == "drain"
+        assert "inference/serve-gpu-node-0" in status.escalation.error
+        assert stack.provider.requests == []  # nothing replaced while the operator decides
+        await handle.signal("answer", EscalationAnswer(action="skip", by="alice", reason="serve can take it"))
+
+    policy = stack.policy(grace={"checkpoint": "2s", "eviction_deadline": "3s"})
+    report, _ = await stack.run("gpu-node-0", policy=policy, during=operator_skips)
+    assert report.outcome == "remediated", report.decisions
+    outcome = next(d.result for d in report.decisions if d.step == "record outcome")
+    assert "1 pod(s) left on the node past their PodDisruptionBudget: inference/serve-gpu-node-0" in outcome
+
+
+async def test_drain_on_blocked_proceed_records_it_and_says_so(stack: Stack) -> None:
+    frozen_serve_pdb(stack)
+    policy = stack.policy(grace={"checkpoint": "2s", "eviction_deadline": "3s"}, drain={"on_blocked": "proceed"})
+    report, _ = await stack.run("gpu-node-0", policy=policy)
+    assert report.outcome == "remediated", report.decisions
+    assert not any("escalated" in d.result for d in report.decisions)
+    assert any("drain.on_blocked: proceed" in d.result for d in report.decisions)
+    outcome = next(d.result for d in report.decisions if d.step == "record outcome")
+    assert "left on the node past their PodDisruptionBudget: inference/serve-gpu-node-0" in outcome
+
+
+async def test_a_dry_run_that_meets_an_error_ends_dry_run_and_pages_nobody(stack: Stack) -> None:
+    stack.kube.emulator.inject("GET", "nodes", name="gpu-node-0", status=503, times=100_000)
+    policy = stack.policy(retries={"reads": {"attempts": 2, "initial_interval": "200ms", "max_interval": "1s"}})
+    report, _ = await stack.run("gpu-node-0", policy=policy, dry_run=True)
+    assert report.outcome == "dry-run", report.decisions
+    outcome = next(d.result for d in report.decisions if d.step == "record outcome")
+    assert "would have escalated" in outcome and "Unavailable" in outcome
+    assert not any(d.result.startswith("escalated") for d in report.decisions)
+    assert stack.slack.messages == []  # no live thread, no mention
+    assert stack.kube.emulator.mutations() == []
 
 
 async def test_an_invalid_start_input_fails_the_run_with_the_reason(client: Client, task_queue: str,
