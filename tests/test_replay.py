@@ -41,7 +41,10 @@ def test_there_are_histories_to_replay() -> None:
     assert {p.stem for p in HISTORIES} >= {"xid-recovery-remediated", "xid-recovery-aborted", "xid-recovery-shadow",
                                            "hot-gpu-pull-remediated", "hot-gpu-pull-recovered",
                                            "nvlink-fault-replace-kept-for-inference", "traffic-flip-flipped",
-                                           "migrate-back-migrated", "kueue-quota-sync-cut-approved"}
+                                           "migrate-back-migrated", "kueue-quota-sync-cut-approved",
+                                           # the safety model in the base (#16)
+                                           "xid-recovery-signal-then-down", "xid-recovery-drain-blocked-skipped",
+                                           "xid-recovery-dry-run-outcome", "migrate-back-within-minimum"}
 
 
 @workflow.defn(name="xid-recovery", sandboxed=False)
