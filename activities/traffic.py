@@ -103,15 +103,15 @@ class TrafficActivities:
             meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
             if status.get("phase") in ("Succeeded", "Failed") or meta.get("deletionTimestamp"):
                 continue
-            node = spec.get("nodeName") or ""
+            on_node = spec.get("nodeName") or ""
             gpus = sum(int(parse_quantity(((c.get("resources") or {}).get("requests") or {}).get(gpu, "0")))
                        for c in spec.get("containers") or [])
-            if node in home:
+            if on_node in home:
                 used += gpus
             if label_selector_matches(policy.inference_selector, labels(pod)):
                 ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or [])
-                inference.append((InferencePod(namespace=meta["namespace"], name=meta["name"], node=node,
-                                               on_virtual=node in virtual, ready=ready, gpus=gpus), labels(pod)))
+                inference.append((InferencePod(namespace=meta["namespace"], name=meta["name"], node=on_node,
+                                               on_virtual=on_node in virtual, ready=ready, gpus=gpus), labels(pod)))
         owned: dict[str, str] = {}
         selected = []
         for deployment in deployments:

@@ -58,7 +58,7 @@ def batches(alerts: int, nodes: int) -> list[list[dict[str, object]]]:
     out: list[list[dict[str, object]]] = []
     for n in range(nodes):
         statuses = ["firing"] * (per_node - per_node // 5) + ["resolved"] * (per_node // 5)
-        alerts_of_node = [{"status": s, "fingerprint": f"n{n}-{i}",
+        alerts_of_node: list[dict[str, object]] = [{"status": s, "fingerprint": f"n{n}-{i}",
                            "labels": {"alertname": "FleetMedicGpuXid", "node": f"gpu-{n}", "gpu": str(i % 8),
                                       "xid": "79", "cluster": "storm"}} for i, s in enumerate(statuses)]
         for start in range(0, len(alerts_of_node), 5):

@@ -21,7 +21,7 @@ _ENDED = (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED, EventType.EVENT_TYPE_W
 
 
 def _decode(client: Client, payloads: Any) -> Any:
-    values = [client.data_converter.payload_converter.from_payload(p, None) for p in payloads.payloads]
+    values = [client.data_converter.payload_converter.from_payload(p) for p in payloads.payloads]
     return values[0] if len(values) == 1 else values
 
 
@@ -45,6 +45,7 @@ def timeline(client: Client, history: WorkflowHistory) -> dict[str, Any]:
     for event in history.events:
         at = event_time(event)
         kind = event.event_type
+        attrs: Any  # each event type has its own attributes message
         if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
             attrs = event.workflow_execution_started_event_attributes
             started_input = _decode(client, attrs.input) if attrs.input.payloads else None

@@ -190,8 +190,8 @@ class AlertReceiver:
     async def _fire(self, alert: Alert, decision: Routed) -> AlertAnswer:
         if not decision.route.reopen and alert.starts_at is not None:
             closed = await self._closed_run(decision.workflow_id)
-            if closed is not None and closed[0] is not None and alert.starts_at <= closed[0]:
-                close_time, outcome = closed
+            close_time, outcome = closed if closed is not None else (None, None)
+            if close_time is not None and alert.starts_at <= close_time:
                 return self._answer(alert, decision.runbook, decision.workflow_id, "ignored",
                                     f"already remediated at {close_time.isoformat()}"
                                     + (f" (outcome {outcome})" if outcome else "")
@@ -251,7 +251,7 @@ class AlertReceiver:
         self.metrics.runbooks.labels(runbook or "none", action).inc()
         self.metrics.alerts.labels(action, code).inc()
         return AlertAnswer(fingerprint=alert.fingerprint, runbook=runbook, workflow_id=workflow_id,
-                           action=action, reason=reason, code=code)  # type: ignore[arg-type]
+                           action=action, reason=reason, code=code)
 
 
 def _started(handle: WorkflowHandle[Any, Any]) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes.client import ApiClient
 from temporalio.client import Client
@@ -55,6 +55,12 @@ def slurm_enabled(settings: Settings) -> bool:
     return settings.slurm == "on"
 
 
+class ActivityGroup(Protocol):
+    """One system's activities (Kubernetes, Slurm, …), sharing its client."""
+
+    def activities(self) -> list[Callable[..., Any]]: ...
+
+
 def build_activities(settings: Settings, policy: Policy, client: Client,
                      api_client: Callable[[], ApiClient] | None = None) -> list[Callable[..., Any]]:
     """Every activity the runbooks call, wired to the systems `settings` names."""
@@ -70,7 +76,7 @@ def build_activities(settings: Settings, policy: Policy, client: Client,
                              kube_timeout_s=settings.kube_timeout_s)
     context = RunContext(slurm_enabled=slurm_enabled(settings), agent_configured=bool(settings.agent_url),
                          provider=provider.name, provider_supports=sorted(provider.supports))
-    groups = [
+    groups: list[ActivityGroup] = [
         ConfigActivities(policy, context, force_dry_run=dry),
         kubernetes,
         KueueActivities(kubernetes),

@@ -7,10 +7,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workers.devstack.kube_emulator import KubeEmulatorThread
 from workers.devstack.standins import ProviderStandIn
+
+if TYPE_CHECKING:
+    from workers.devstack.kube_world import RealKube
 
 
 def set_ready(kube: Any, node: str, ready: bool) -> None:
@@ -49,7 +52,7 @@ def every(interval_s: float, step: Callable[[], None], name: str) -> Iterator[No
 
 
 @contextmanager
-def provider_controller(kube: KubeEmulatorThread, provider: ProviderStandIn,
+def provider_controller(kube: KubeEmulatorThread | RealKube, provider: ProviderStandIn,
                         delay_s: float = 1.0) -> Iterator[list[str]]:
     """Play the node provider: each accepted request takes its node NotReady, then Ready again
     `delay_s` later (a new machine, or the same one rebooted, rejoining under the same name)."""

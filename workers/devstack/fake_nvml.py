@@ -79,7 +79,7 @@ class FakeNvml:
         self.calls += 1
         if not self.initialized:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
-        gpu = self.gpus[handle.index]
+        gpu: FakeGpu = self.gpus[handle.index]
         if function in gpu.unsupported:
             raise pynvml.NVMLError(NOT_SUPPORTED)
         return gpu
@@ -137,7 +137,7 @@ class FakeNvml:
         gpu = self._gpu(handle, "nvmlDeviceGetNvLinkState")
         if link >= gpu.nvlinks:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return pynvml.NVML_FEATURE_DISABLED if link in gpu.link_down else pynvml.NVML_FEATURE_ENABLED
+        return int(pynvml.NVML_FEATURE_DISABLED if link in gpu.link_down else pynvml.NVML_FEATURE_ENABLED)
 
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
         gpu = self._gpu(handle, "nvmlDeviceGetNvLinkErrorCounter")

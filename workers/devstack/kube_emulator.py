@@ -25,12 +25,13 @@ code in tests and activities can call it without deadlocking the test's loop.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import copy
 import json
 import re
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -141,7 +142,7 @@ class _Watcher:
 HISTORY_LIMIT = 2000  # requests kept for requests()/mutations(); 0 keeps all
 
 
-class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
+class KubeEmulator(kmock.KubernetesEmulator):
     """kmock's emulator, with the API semantics listed in the module docstring."""
 
     def __attrs_post_init__(self) -> None:
@@ -189,7 +190,7 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 return key
         raise KeyError(f"unknown resource {api_version} {kind}: register it with add_resource()")
 
-    def put(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def put(self, obj: dict[str, Any]) -> dict[str, Any]:  # type: ignore[override]  # the store, not HTTP
         """Create or replace an object directly (no HTTP), as a controller or a test would."""
         key = self.key_for(obj["apiVersion"], obj["kind"])
         with self.state_lock:
@@ -203,7 +204,8 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             stored = self._commit(key, ns, meta["name"], copy.deepcopy(obj), event)
         return copy.deepcopy(stored)
 
-    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+    def get(  # type: ignore[override]  # the store, not HTTP
+            self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         key = self.key_for(api_version, kind)
         with self.state_lock:
             obj = self.store.get((key, namespace if self.kinds[key][1] else None, name))
@@ -230,11 +232,11 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             self.faults.append(fault)
         return fault
 
-    def requests(self) -> list[kmock.Request]:
+    def requests(self) -> builtins.list[kmock.Request]:
         """Every request that reached the API, in order."""
         return list(self._requests)
 
-    def mutations(self) -> list[kmock.Request]:
+    def mutations(self) -> builtins.list[kmock.Request]:
         """Every write that reached the API (including refused ones), in order."""
         return [r for r in list(self._requests) if r.method.value in MUTATING_METHODS]
 
@@ -340,7 +342,7 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             raise _status_error(404, "NotFound", f'{key[2]} "{name}" not found')
         return obj
 
-    def _list(self, key: tuple[str, str, str], namespace: str | None, params: dict[str, str]) -> dict[str, Any]:
+    def _list(self, key: tuple[str, str, str], namespace: str | None, params: Mapping[str, str]) -> dict[str, Any]:
         items = [
             copy.deepcopy(obj) for (k, ns, _), obj in sorted(self.store.items(), key=lambda i: i[0][2])
             if k == key and (namespace is None or ns == namespace)
@@ -468,6 +470,7 @@ class KubeEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                        and field_selector_matches(watcher.field_selector, o)]
             self.watchers.append(watcher)
         raw = request._raw_request
+        assert raw is not None  # a watch always arrives over HTTP
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(raw)
         deadline = asyncio.get_running_loop().time() + float(params.get("timeoutSeconds") or 1800)

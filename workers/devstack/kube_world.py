@@ -10,6 +10,7 @@ their grace period to go, and FleetMedic's requests are judged by RBAC and read 
 
 from __future__ import annotations
 
+import builtins
 import copy
 import json
 import time
@@ -225,7 +226,7 @@ class RealKube:
             raise RuntimeError("no fault proxy in front of this API server")
         return self.proxy.inject(method, plural, **kwargs)
 
-    def requests(self, identities: tuple[str, ...] | None = None) -> list[AuditedRequest]:
+    def requests(self, identities: tuple[str, ...] | None = None) -> builtins.list[AuditedRequest]:
         """Every request FleetMedic's identities sent since this test began, in order."""
         users = {self.cluster.identity_user(i) for i in (identities or ("worker", "webhook", "agent"))}
         out = []
@@ -250,10 +251,10 @@ class RealKube:
         return out
 
     @property
-    def _requests(self) -> list[AuditedRequest]:
+    def _requests(self) -> builtins.list[AuditedRequest]:
         return self.requests()
 
-    def mutations(self) -> list[AuditedRequest]:
+    def mutations(self) -> builtins.list[AuditedRequest]:
         return [r for r in self.requests() if r.method.value in MUTATING]
 
     # --- between tests -----------------------------------------------------------------------------
@@ -286,7 +287,7 @@ class RealKube:
         except NotFoundError:
             pass
 
-    def extra_kinds(self) -> list[tuple[str, str]]:
+    def extra_kinds(self) -> builtins.list[tuple[str, str]]:
         """Custom resources installed in the cluster (Kueue, Cluster API, Karpenter): emptied too."""
         out = []
         for crd in self.list("apiextensions.k8s.io/v1", "CustomResourceDefinition"):

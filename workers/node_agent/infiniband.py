@@ -75,10 +75,10 @@ class Infiniband:
                 sample.data_bytes[direction] = value * 4
         hw = path / "hw_counters"
         if hw.is_dir():
-            for file in sorted(hw.iterdir()):
-                value = self._number(file)
+            for counter in sorted(hw.iterdir()):
+                value = self._number(counter)
                 if value is not None:
-                    sample.hw_counters[file.name] = value
+                    sample.hw_counters[counter.name] = value
         return sample
 
     def _read(self, path: Path) -> str | None:

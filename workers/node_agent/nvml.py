@@ -9,6 +9,7 @@ Tests hand in `workers.devstack.fake_nvml.FakeNvml` instead of the `pynvml` modu
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import subprocess
 import threading
@@ -111,7 +112,7 @@ class Nvml:
         if self._watcher is not None:
             self._watcher.join(5)
         for sample in self._gpm_samples.values():
-            self._quiet(-1, "gpm free", lambda s=sample: self.lib.nvmlGpmSampleFree(s))
+            self._quiet(-1, "gpm free", functools.partial(self.lib.nvmlGpmSampleFree, sample))
         self.lib.nvmlShutdown()
 
     @property
@@ -228,8 +229,8 @@ class Nvml:
         try:
             events = lib.nvmlEventSetCreate()
             for i, handle in enumerate(self.handles):
-                self._quiet(i, "xid events", lambda h=handle: lib.nvmlDeviceRegisterEvents(
-                    h, lib.nvmlEventTypeXidCriticalError, events))
+                self._quiet(i, "xid events", functools.partial(
+                    lib.nvmlDeviceRegisterEvents, handle, lib.nvmlEventTypeXidCriticalError, events))
         except lib.NVMLError as exc:
             log.warning("XID events unavailable: %s; XIDs will not be counted", exc)
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +39,7 @@ def build_agent(settings: Settings, policy: Policy, lib: Any = None, resetter: C
         raise ValueError("NODE_NAME is not set: the agent labels every metric with its node "
                          "(give it from the downward API, spec.nodeName)")
     if lib is None:
-        import pynvml as lib
+        lib = importlib.import_module("pynvml")
     nvml: Nvml | None = Nvml(lib, resetter or nvidia_smi_reset)
     error = ""
     try:
