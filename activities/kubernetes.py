@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import urllib3
-from kubernetes import client, config, watch
+from kubernetes import client, watch
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
@@ -53,24 +53,6 @@ PRE_CORDONED = "fleetmedic.io/was-cordoned"
 CONFLICT_RETRIES = 5
 # Kinds whose Events name no namespace in their involvedObject.
 CLUSTER_SCOPED = frozenset({"Node", "ClusterQueue", "ResourceFlavor"})
-
-
-def load_api_client(kubeconfig: str | None) -> ApiClient:
-    """In-cluster config when running in a pod, else KUBECONFIG / ~/.kube/config.
-
-    urllib3's own retries are off: a timeout must surface after one `_request_timeout`, and
-    Temporal's retry policy (bounded, visible in the history) does the retrying.
-    """
-    configuration = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
-    configuration.retries = False
-    return ApiClient(configuration)
 
 
 @contextmanager

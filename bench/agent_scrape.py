@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from prometheus_client import generate_latest
 
 from bench.stats import percentile
+from devstack.fake_nvml import FakeGpu, FakeNvml
+from devstack.fake_sysfs import write_fabric
 from fleetmedic.policy import Policy
 from fleetmedic.settings import Settings
-from workers.devstack.fake_nvml import FakeGpu, FakeNvml
-from workers.devstack.fake_sysfs import write_fabric
 from workers.node_agent.serve import build_agent
 
 

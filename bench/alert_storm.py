@@ -39,14 +39,14 @@ from temporalio.testing import WorkflowEnvironment
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.stats import percentile
+from devstack import fleet
+from devstack.dev import temporal_binary
+from devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds, missing_binaries
+from devstack.kube_world import RealKube
+from devstack.webhook_thread import WebhookThread
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from fleetmedic.policy import RoutingPolicy, parse_policy
 from fleetmedic.settings import Settings
-from workers.dev import temporal_binary
-from workers.devstack import fleet
-from workers.devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds, missing_binaries
-from workers.devstack.kube_world import RealKube
-from workers.devstack.webhook_thread import WebhookThread
 from workers.worker import build_worker
 
 TOKEN = "storm"

@@ -41,14 +41,14 @@ from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from devstack import fleet
+from devstack.controllers import provider_controller
+from devstack.dev import temporal_binary
+from devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds
+from devstack.kube_world import RealKube
+from devstack.standins import ProviderStandIn
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from fleetmedic.policy import RoutingPolicy, parse_policy
-from workers.dev import temporal_binary
-from workers.devstack import fleet
-from workers.devstack.controllers import provider_controller
-from workers.devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds
-from workers.devstack.kube_world import RealKube
-from workers.devstack.standins import ProviderStandIn
 from workers.webhook import AlertReceiver, available_runbooks
 
 CLUSTER, TOKEN = "scale", "bench"

@@ -29,13 +29,13 @@ from temporalio.testing import WorkflowEnvironment
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.stats import percentile
+from devstack import fleet
+from devstack.dev import temporal_binary
+from devstack.kube_emulator import KubeEmulatorThread
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from fleetmedic.models import LeaseAnswer, LeaseRequest
 from fleetmedic.policy import parse_policy
 from fleetmedic.settings import Settings
-from workers.dev import temporal_binary
-from workers.devstack import fleet
-from workers.devstack.kube_emulator import KubeEmulatorThread
 from workers.worker import build_worker
 from workflows.fleet_guard import FleetGuard
 

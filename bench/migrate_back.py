@@ -2,7 +2,7 @@
 1, 5 and 20: total time and the fewest ready replicas seen (sampled every 20 ms), as JSON.
 
 Real Temporal dev server and worker; the Kubernetes emulator with the replica/scheduler
-controller (`workers/devstack/replicas.py`, pods Ready 0.3 s after they land); 25 GPU nodes of 8
+controller (`devstack/replicas.py`, pods Ready 0.3 s after they land); 25 GPU nodes of 8
 GPUs at home; 10 Deployments of 20 replicas, each behind a PDB of 90 % (the policy's minimum).
 
     python bench/migrate_back.py [--pods 200] [--batches 1,5,20]
@@ -27,15 +27,15 @@ from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from devstack import fleet
+from devstack.dev import temporal_binary
+from devstack.kube_emulator import KubeEmulatorThread
+from devstack.replicas import deployment, replica_controller, virtual_node
 from fleetmedic.ids import SEARCH_ATTRIBUTES, cluster_workflow_id
 from fleetmedic.models import RunbookStatus
 from fleetmedic.policy import parse_policy
 from fleetmedic.settings import Settings
 from fleetmedic.traffic import TrafficInput, minimum_ready
-from workers.dev import temporal_binary
-from workers.devstack import fleet
-from workers.devstack.kube_emulator import KubeEmulatorThread
-from workers.devstack.replicas import deployment, replica_controller, virtual_node
 from workers.worker import build_worker
 
 DEPLOYMENTS = 10

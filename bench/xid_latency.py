@@ -32,17 +32,17 @@ from temporalio.testing import WorkflowEnvironment
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.stats import percentile
+from devstack import fleet
+from devstack.controllers import provider_controller
+from devstack.dev import temporal_binary
+from devstack.kube_emulator import KubeEmulatorThread
+from devstack.slurm_cluster import LocalSlurmCluster
+from devstack.standins import ProviderStandIn
 from fleetmedic.ids import SEARCH_ATTRIBUTES, node_workflow_id
 from fleetmedic.models import NodeRunbookInput, RunbookStatus
 from fleetmedic.policy import parse_policy
 from fleetmedic.settings import Settings
 from workers.audit import event_time
-from workers.dev import temporal_binary
-from workers.devstack import fleet
-from workers.devstack.controllers import provider_controller
-from workers.devstack.kube_emulator import KubeEmulatorThread
-from workers.devstack.slurm_cluster import LocalSlurmCluster
-from workers.devstack.standins import ProviderStandIn
 from workers.worker import build_worker
 
 

@@ -23,18 +23,18 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from devstack import fleet
+from devstack.kube_cluster import BUILD_HINT as KUBE_BUILD_HINT
+from devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds
+from devstack.kube_cluster import missing_binaries as missing_kube
+from devstack.kube_emulator import KubeEmulator, KubeEmulatorThread, seed
+from devstack.kube_faults import FaultProxy
+from devstack.kube_world import RealKube
+from devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
+from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from tests import rbac
 from tests.runbook_stack import Stack
-from workers.devstack import fleet
-from workers.devstack.kube_cluster import BUILD_HINT as KUBE_BUILD_HINT
-from workers.devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds
-from workers.devstack.kube_cluster import missing_binaries as missing_kube
-from workers.devstack.kube_emulator import KubeEmulator, KubeEmulatorThread, seed
-from workers.devstack.kube_faults import FaultProxy
-from workers.devstack.kube_world import RealKube
-from workers.devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
-from workers.devstack.standins import ProviderStandIn, SlackStandIn
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

@@ -11,12 +11,12 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
+from devstack.controllers import provider_controller, set_ready
+from devstack.kube_emulator import KubeEmulatorThread
+from devstack.slurm_cluster import LocalSlurmCluster
+from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.policy import Policy, parse_policy
 from fleetmedic.settings import Settings
-from workers.devstack.controllers import provider_controller, set_ready
-from workers.devstack.kube_emulator import KubeEmulatorThread
-from workers.devstack.slurm_cluster import LocalSlurmCluster
-from workers.devstack.standins import ProviderStandIn, SlackStandIn
 from workers.worker import build_worker
 
 # A job that checkpoints like a training job: on start it resumes from its newest step, and on

@@ -13,15 +13,15 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
+from devstack import fleet
+from devstack.controllers import provider_controller
+from devstack.kube_emulator import KubeEmulatorThread
+from devstack.slurm_cluster import LocalSlurmCluster
+from devstack.standins import AgentStandIn, ProviderStandIn, SlackStandIn
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import NodeRunbookInput, RunbookStatus
 from fleetmedic.policy import Policy
 from tests.harness import quick_policy, settings_for, worker_for
-from workers.devstack import fleet
-from workers.devstack.controllers import provider_controller
-from workers.devstack.kube_emulator import KubeEmulatorThread
-from workers.devstack.slurm_cluster import LocalSlurmCluster
-from workers.devstack.standins import AgentStandIn, ProviderStandIn, SlackStandIn
 
 # What each node runbook needs in its input to take the remediation path.
 START = {

@@ -9,9 +9,9 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from activities.agent import AgentActivities
+from devstack.standins import AgentStandIn
 from fleetmedic.models import GpuResetRequest, Validate
 from tests.harness import run_activity as run
-from workers.devstack.standins import AgentStandIn
 
 
 @pytest.fixture

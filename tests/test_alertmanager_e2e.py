@@ -15,9 +15,9 @@ import httpx
 import yaml
 from temporalio.client import Client
 
+from devstack.slurm_cluster import free_port
+from devstack.webhook_thread import WebhookThread
 from tests.conftest import require, temporal_cli_path
-from workers.devstack.slurm_cluster import free_port
-from workers.devstack.webhook_thread import WebhookThread
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
 TOKEN = "am-token"

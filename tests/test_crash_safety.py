@@ -20,14 +20,14 @@ import pytest
 import yaml
 from temporalio.client import Client
 
+from devstack import fleet
+from devstack.controllers import provider_controller
+from devstack.kube_emulator import KubeEmulatorThread
+from devstack.slurm_cluster import LocalSlurmCluster
+from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import NodeRunbookInput, RunbookStatus
 from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy
-from workers.devstack import fleet
-from workers.devstack.controllers import provider_controller
-from workers.devstack.kube_emulator import KubeEmulatorThread
-from workers.devstack.slurm_cluster import LocalSlurmCluster
-from workers.devstack.standins import ProviderStandIn, SlackStandIn
 
 
 class WorkerProcess:

@@ -16,8 +16,8 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
+from devstack.slurm_cluster import free_port
 from fleetmedic.models import RunbookStatus
-from workers.devstack.slurm_cluster import free_port
 
 
 async def test_dev_stack_serves_the_ui_and_a_worker(tmp_path: Path) -> None:

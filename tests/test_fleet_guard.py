@@ -12,14 +12,14 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
+from devstack import fleet
+from devstack.controllers import provider_controller
+from devstack.kube_emulator import KubeEmulatorThread
+from devstack.kube_world import RealKube
+from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.ids import guard_workflow_id, node_workflow_id
 from fleetmedic.models import EscalationAnswer, GuardState, NodeRunbookInput, Operator, RunbookStatus
 from tests.harness import quick_policy, settings_for, worker_for
-from workers.devstack import fleet
-from workers.devstack.controllers import provider_controller
-from workers.devstack.kube_emulator import KubeEmulatorThread
-from workers.devstack.kube_world import RealKube
-from workers.devstack.standins import ProviderStandIn, SlackStandIn
 
 
 def guard_policy(tmp_path: Path, provider: ProviderStandIn, **budget: Any):  # type: ignore[no-untyped-def]

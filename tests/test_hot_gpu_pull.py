@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from devstack.standins import AgentStandIn
 from tests.harness import CHECKPOINTING_JOB, job_on
 from tests.runbook_stack import Stack
-from workers.devstack.standins import AgentStandIn
 
 # A training job that checkpoints every few seconds on its own (and once more on SIGTERM), like a
 # real one: at-checkpoint mode waits for its next periodic checkpoint.

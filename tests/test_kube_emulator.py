@@ -8,8 +8,8 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from workers.devstack import fleet
-from workers.devstack.kube_emulator import KubeEmulatorThread
+from devstack import fleet
+from devstack.kube_emulator import KubeEmulatorThread
 
 MERGE = "application/merge-patch+json"
 

@@ -10,12 +10,13 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.kubernetes import PRE_CORDONED, KubernetesActivities, load_api_client
+from activities.kube_client import load_api_client
+from activities.kubernetes import PRE_CORDONED, KubernetesActivities
+from devstack import fleet
+from devstack.kube_emulator import KubeEmulatorThread
 from fleetmedic.models import EventRequest, EvictRequest, NodeTarget, Taint, TaintRequest
 from fleetmedic.policy import Policy
 from tests.harness import run_activity as run
-from workers.devstack import fleet
-from workers.devstack.kube_emulator import KubeEmulatorThread
 
 WF = "xid-recovery/test/n1"
 
@@ -220,8 +221,8 @@ def test_kueue_workloads(kube: KubeEmulatorThread, k8s: KubernetesActivities) ->
 def test_wait_node_ready_watches_until_the_node_is_back(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
     from datetime import UTC, datetime
 
+    from devstack.controllers import set_ready
     from fleetmedic.models import WaitNodeReady
-    from workers.devstack.controllers import set_ready
 
     since = datetime.now(UTC).replace(microsecond=0)
     set_ready(kube, "n1", False)

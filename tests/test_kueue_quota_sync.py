@@ -12,16 +12,17 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHandle
 
-from activities.kubernetes import KubernetesActivities, load_api_client
+from activities.kube_client import load_api_client
+from activities.kubernetes import KubernetesActivities
 from activities.kueue import KueueActivities
+from devstack import fleet
+from devstack.kube_emulator import KubeEmulatorThread
 from fleetmedic.ids import cluster_workflow_id
 from fleetmedic.models import Approval, NodeInfo, RunbookStatus
 from fleetmedic.policy import Policy
 from fleetmedic.quota import Flavor, Queue, QueueShare, QuotaSlot, QuotaSyncInput, QuotaUpdate, healthy_gpus, plan
 from tests.harness import quick_policy, run_activity, settings_for, worker_for
 from tests.runbook_stack import Stack, save_history, status_when
-from workers.devstack import fleet
-from workers.devstack.kube_emulator import KubeEmulatorThread
 from workers.schedules import ensure_quota_schedule, quota_schedule_id
 
 H100 = {"nvidia.com/gpu.product": "H100"}

@@ -20,15 +20,15 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from activities.agent import AgentActivities
+from devstack import fleet
+from devstack.fake_nvml import FakeGpu, FakeNvml
+from devstack.fake_sysfs import write_fabric, write_port
+from devstack.kube_emulator import KubeEmulatorThread
+from devstack.slurm_cluster import free_port
 from fleetmedic.models import GpuResetRequest, Validate
 from fleetmedic.policy import Policy
 from fleetmedic.settings import Settings
 from tests.harness import run_activity
-from workers.devstack import fleet
-from workers.devstack.fake_nvml import FakeGpu, FakeNvml
-from workers.devstack.fake_sysfs import write_fabric, write_port
-from workers.devstack.kube_emulator import KubeEmulatorThread
-from workers.devstack.slurm_cluster import free_port
 from workers.node_agent.app import Agent
 from workers.node_agent.metrics import METRICS
 from workers.node_agent.serve import build_agent, node_cordon_reader

@@ -10,10 +10,10 @@ import pytest
 from temporalio.client import WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 
+from devstack import fleet
 from fleetmedic.models import Alert
 from tests.runbook_stack import START, Stack, status_when
 from workers.audit import render_markdown, timeline
-from workers.devstack import fleet
 
 RUNBOOKS = pytest.mark.parametrize("runbook", sorted(START))
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.kubernetes import load_api_client
+from activities.kube_client import load_api_client
 from activities.providers import ProviderActivities, make_provider
 from activities.providers.cluster_api import ClusterApiProvider
 from activities.providers.http import HttpProvider
 from activities.providers.karpenter import KarpenterProvider
 from activities.providers.manual import ManualProvider
+from devstack import fleet
+from devstack.kube_emulator import KubeEmulatorThread
+from devstack.standins import ProviderStandIn
 from fleetmedic.models import ProviderRequest
 from fleetmedic.policy import ClusterApiProviderPolicy, KarpenterProviderPolicy, ProviderPolicy
 from tests.harness import run_activity as run
-from workers.devstack import fleet
-from workers.devstack.kube_emulator import KubeEmulatorThread
-from workers.devstack.standins import ProviderStandIn
 
 
 def request(action: str = "replace", dry_run: bool = False, key: str = "xid-recovery/c/n1/run/replace",

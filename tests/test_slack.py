@@ -4,9 +4,9 @@ and a failed notification never fails the runbook."""
 from __future__ import annotations
 
 from activities.slack import SlackActivities
+from devstack.standins import SlackStandIn
 from fleetmedic.models import NotifyStart, NotifyStep
 from tests.harness import run_activity as run
-from workers.devstack.standins import SlackStandIn
 
 
 def test_thread_per_run(slack: SlackStandIn) -> None:

@@ -9,11 +9,11 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
+from devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
 from fleetmedic.models import RequeueJob, SetSlurmNodeState, SlurmNodeState
 from tests.conftest import require
 from tests.harness import job_on
 from tests.harness import run_activity as run
-from workers.devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
 
 SLEEPER = "#!/bin/bash\nwhile true; do sleep 0.2; done\n"
 REASON = "fleetmedic: XID 79 on GPU 3 (xid-recovery/test/gpu-node-0)"

@@ -18,6 +18,10 @@ from kubernetes import client as k8s
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 
+from devstack import fleet
+from devstack.kube_world import RealKube
+from devstack.replicas import deployment, replica_controller, virtual_node
+from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.ids import cluster_workflow_id, guard_workflow_id
 from fleetmedic.models import EscalationAnswer, GuardState, Operator, RunbookStatus
 from fleetmedic.policy import Policy
@@ -25,10 +29,6 @@ from fleetmedic.traffic import TrafficInput
 from tests.gate_check import assert_gated
 from tests.harness import quick_policy, settings_for, worker_for
 from tests.runbook_stack import save_history, status_when
-from workers.devstack import fleet
-from workers.devstack.kube_world import RealKube
-from workers.devstack.replicas import deployment, replica_controller, virtual_node
-from workers.devstack.standins import ProviderStandIn, SlackStandIn
 
 REPLICAS, MINIMUM = 40, 36  # min_ready_fraction 0.9
 HOME_NODES = [f"gpu-{i}" for i in range(5)]  # 5 × 8 GPUs: exactly inference's 40
@@ -366,8 +366,8 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, Any]]:
     import yaml
     from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+    from devstack.slurm_cluster import free_port
     from tests.conftest import require
-    from workers.devstack.slurm_cluster import free_port
 
     binary = shutil.which("prometheus")
     require(binary is not None, "Debian's prometheus")

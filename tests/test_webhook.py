@@ -347,8 +347,8 @@ async def test_alert_labels_cannot_pick_a_fleet_guard_of_their_own(webhook: Any,
                                                                    kube: Any, tmp_path: Any) -> None:
     """The guard of the real cluster is at its cap (one lease, held by a run waiting for a person
     to replace its node); alerts naming ten other clusters must cordon nothing and start nothing."""
+    from devstack import fleet
     from tests.harness import quick_policy, settings_for, worker_for
-    from workers.devstack import fleet
 
     _, http = webhook
     nodes = [f"gpu-{i}" for i in range(11)]
@@ -382,8 +382,8 @@ async def test_a_resent_alert_is_one_occurrence_and_a_closed_incident_is_not_reo
         webhook: Any, client: Client, task_queue: str, kube: Any, tmp_path: Any) -> None:
     """Alertmanager resends a firing alert every repeat_interval: five deliveries of one XID 13 are
     one occurrence (a burst needs five), and after the run closed the same incident starts nothing."""
+    from devstack import fleet
     from tests.harness import quick_policy, settings_for, worker_for
-    from workers.devstack import fleet
 
     _, http = webhook
     kube.emulator.put(fleet.node("gpu-r"))

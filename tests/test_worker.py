@@ -14,9 +14,9 @@ from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from devstack.slurm_cluster import free_port
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from tests.conftest import require, temporal_cli_path
-from workers.devstack.slurm_cluster import free_port
 from workers.temporal_client import ensure_search_attributes
 
 

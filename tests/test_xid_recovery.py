@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHandle
 
+from devstack import fleet
+from devstack.kube_emulator import KubeEmulatorThread
+from devstack.standins import AgentStandIn
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.lemon import remediations, with_remediation
 from fleetmedic.models import Alert, EscalationAnswer, NodeRunbookInput, RunbookStatus
 from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy, settings_for, worker_for
 from tests.runbook_stack import Stack, status_when
 from workers.audit import render_markdown, timeline
-from workers.devstack import fleet
-from workers.devstack.kube_emulator import KubeEmulatorThread
-from workers.devstack.standins import AgentStandIn
 
 
 async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None:
@@ -328,7 +328,7 @@ async def test_run_metrics_reach_the_workers_metrics_endpoint(client: Client, ta
                                                                kube: KubeEmulatorThread, tmp_path: Path) -> None:
     import httpx
 
-    from workers.devstack.slurm_cluster import free_port
+    from devstack.slurm_cluster import free_port
     from workers.temporal_client import connect
     from workers.worker import metrics_runtime
 

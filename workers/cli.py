@@ -12,6 +12,7 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowUpdateFailedError
@@ -114,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "policy":
             return policy_command(args)
         if args.command == "dev":
-            from workers.dev import DevOptions, run_dev
-
+            DevOptions, run_dev = load_dev_stack()
             asyncio.run(run_dev(DevOptions(state_dir=args.state_dir, port=args.port, ui_port=args.ui_port,
                                            nodes=args.nodes, slurm=not args.no_slurm,
                                            webhook_port=args.webhook_port)))
@@ -286,6 +286,20 @@ async def status_command(client: Client, settings: Settings) -> int:
     for workflow_id, step, waiting, paused in rows:
         print(f"{workflow_id:<{width}}  {step:<24} {paused:<7} {waiting}")
     return 0
+
+
+def load_dev_stack() -> tuple[Any, Any]:
+    """The dev stack (`devstack/`, emulators and stand-ins) is not in the wheel: it runs from a source
+    checkout, whose root the editable install does not put on the path by itself."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "devstack" / "dev.py").is_file() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        from devstack.dev import DevOptions, run_dev
+    except ModuleNotFoundError as exc:
+        raise SystemExit(f"fleetmedic dev: the dev stack is not installed ({exc.name} is missing): it runs from a "
+                         "source checkout — `scripts/dev`, or `pip install -e '.[dev]'` there") from None
+    return DevOptions, run_dev
 
 
 def entry() -> None:

@@ -27,7 +27,8 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from activities.agent import AgentActivities
 from activities.config import ConfigActivities
-from activities.kubernetes import KubernetesActivities, load_api_client
+from activities.kube_client import load_api_client
+from activities.kubernetes import KubernetesActivities
 from activities.kueue import KueueActivities
 from activities.providers import ProviderActivities, make_provider
 from activities.slack import SlackActivities

@@ -3,7 +3,7 @@
 Everything the agent knows about a GPU passes through `Nvml`. A query the driver or the GPU does
 not support leaves that value None (its metric absent) and is logged once per GPU and query;
 it never crashes a scrape. XID events arrive on an NVML event set read by a background thread.
-Tests hand in `workers.devstack.fake_nvml.FakeNvml` instead of the `pynvml` module.
+Tests hand in `devstack.fake_nvml.FakeNvml` instead of the `pynvml` module.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ def node_cordon_reader(settings: Settings, node: str) -> Callable[[], bool]:
     """Reads the agent's own Node (RBAC: nodes get) — the reset endpoint's first condition."""
     from kubernetes import client
 
-    from activities.kubernetes import load_api_client
+    from activities.kube_client import load_api_client
 
     api = client.CoreV1Api(load_api_client(settings.kubeconfig))
 

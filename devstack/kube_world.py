@@ -25,8 +25,8 @@ from kubernetes import config as k8s_config
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
 
-from workers.devstack.kube_cluster import NOT_READY_ANNOTATION, LocalKubeCluster
-from workers.devstack.kube_faults import FaultProxy
+from devstack.kube_cluster import NOT_READY_ANNOTATION, LocalKubeCluster
+from devstack.kube_faults import FaultProxy
 
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "fleetmedic"})
 VERB_METHOD = {"get": "GET", "list": "GET", "watch": "GET", "create": "POST", "update": "PUT", "patch": "PATCH",

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from workers.devstack.slurm_cluster import free_port
+from devstack.slurm_cluster import free_port
 
 KUBE_VERSION = os.environ.get("FLEETMEDIC_KUBE_VERSION", "v1.36.3")
 NOT_READY_ANNOTATION = "fleetmedic.test/not-ready"

@@ -154,7 +154,7 @@ def demo_fleet(nodes: int = 8) -> list[dict[str, Any]]:
     objects.append(pdb("diffusion", namespace="inference", match_labels={"app": "diffusion"},
                        min_available=2))
     # For traffic-flip / migrate-back: the Deployment behind those pods and a closed virtual-kubelet node.
-    from workers.devstack.replicas import deployment, virtual_node
+    from devstack.replicas import deployment, virtual_node
 
     objects.append(deployment("diffusion", 4, gpus=4))
     objects.append(virtual_node("virtual-gpu", gpus=64, overflow_closed=True))

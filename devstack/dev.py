@@ -29,18 +29,18 @@ from typing import Any
 import uvicorn
 import yaml
 
+from devstack import fleet
+from devstack.controllers import provider_controller
+from devstack.kube_cluster import KUBE_VERSION, LocalKubeCluster, install_rbac_and_crds
+from devstack.kube_cluster import missing_binaries as missing_kube
+from devstack.kube_emulator import KubeEmulatorThread, seed
+from devstack.kube_world import RealKube
+from devstack.replicas import replica_controller
+from devstack.slurm_cluster import LocalSlurmCluster, SlurmStartError, missing_binaries
+from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from fleetmedic.policy import parse_policy
 from fleetmedic.settings import Settings
-from workers.devstack import fleet
-from workers.devstack.controllers import provider_controller
-from workers.devstack.kube_cluster import KUBE_VERSION, LocalKubeCluster, install_rbac_and_crds
-from workers.devstack.kube_cluster import missing_binaries as missing_kube
-from workers.devstack.kube_emulator import KubeEmulatorThread, seed
-from workers.devstack.kube_world import RealKube
-from workers.devstack.replicas import replica_controller
-from workers.devstack.slurm_cluster import LocalSlurmCluster, SlurmStartError, missing_binaries
-from workers.devstack.standins import ProviderStandIn, SlackStandIn
 from workers.schedules import ensure_quota_schedule
 from workers.temporal_client import connect
 from workers.webhook import AlertReceiver, available_runbooks

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from devstack.controllers import every
+from devstack.kube_emulator import KubeEmulatorThread
 from fleetmedic.selectors import match_labels_selector
-from workers.devstack.controllers import every
-from workers.devstack.kube_emulator import KubeEmulatorThread
 
 GPU = "nvidia.com/gpu"
 VIRTUAL_LABEL = "type"

@@ -9,11 +9,11 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from workers.devstack.kube_emulator import KubeEmulatorThread
-from workers.devstack.standins import ProviderStandIn
+from devstack.kube_emulator import KubeEmulatorThread
+from devstack.standins import ProviderStandIn
 
 if TYPE_CHECKING:
-    from workers.devstack.kube_world import RealKube
+    from devstack.kube_world import RealKube
 
 
 def set_ready(kube: Any, node: str, ready: bool) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import uvicorn
 
+from devstack.slurm_cluster import free_port
 from fleetmedic.policy import RoutingPolicy
-from workers.devstack.slurm_cluster import free_port
 from workers.temporal_client import connect
 from workers.webhook import AlertReceiver, available_runbooks
 
