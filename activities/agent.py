@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from temporalio import activity
 
-from activities.errors import fail, from_http_status
+from activities.errors import fail, http_errors, raise_for_status
 from fleetmedic.errors import ErrorKind
 from fleetmedic.models import (
     ActionResult,
@@ -47,8 +47,7 @@ class AgentActivities:
             response = httpx.get(f"{url}{path}", params=params, timeout=self.timeout)
         except httpx.HTTPError as exc:
             return f"node agent unreachable: {exc}"
-        if response.status_code >= 400:
-            raise from_http_status(response.status_code, f"agent {path}: {response.text[:200]}")
+        raise_for_status(response, f"agent {path}")
         data: dict[str, Any] = response.json()
         return data
 
@@ -91,14 +90,9 @@ class AgentActivities:
         if request.dry_run or self.force_dry_run:
             return ActionResult(system="agent", action="reset", target=target, changed=False, dry_run=True)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        try:
+        with http_errors(f"node agent of {request.node} (GPU reset)"):
             response = httpx.post(f"{url}/v1/gpus/{request.gpu}/reset", headers=headers, timeout=120)
-        except httpx.TimeoutException as exc:
-            raise fail(ErrorKind.TIMEOUT, f"GPU reset timed out: {exc}") from None
-        except httpx.HTTPError as exc:
-            raise fail(ErrorKind.UNAVAILABLE, f"node agent unreachable: {exc}") from None
-        if response.status_code >= 400:
-            raise from_http_status(response.status_code, f"GPU reset refused: {response.text[:200]}")
+        raise_for_status(response, "GPU reset refused")
         return ActionResult(system="agent", action="reset", target=target, changed=True,
                             detail=str(response.json().get("detail", "")))
 

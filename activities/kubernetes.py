@@ -22,7 +22,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 
-from activities.errors import fail, from_http_status
+from activities.errors import fail, from_http_status, reread_on_conflict
 from fleetmedic.errors import ErrorKind
 from fleetmedic.lemon import with_remediation
 from fleetmedic.models import (
@@ -50,7 +50,6 @@ MERGE_PATCH = "application/merge-patch+json"
 # Annotation set when FleetMedic found the node already cordoned by someone else: on return
 # to service we take our annotations off and leave their cordon in place.
 PRE_CORDONED = "fleetmedic.io/was-cordoned"
-CONFLICT_RETRIES = 5
 # Kinds whose Events name no namespace in their involvedObject.
 CLUSTER_SCOPED = frozenset({"Node", "ClusterQueue", "ResourceFlavor"})
 
@@ -249,19 +248,15 @@ class KubernetesActivities:
 
     def _update_node(self, name: str, change: Callable[[client.V1Node], dict[str, Any] | None]) -> bool:
         """Read-modify-write with the resourceVersion; re-read and retry on 409. False: no-op."""
-        for attempt in range(CONFLICT_RETRIES):
+        def attempt() -> bool:
             node = self.read_node(name)
             patch = change(node)
             if patch is None:
                 return False
-            try:
-                self._patch_node(name, node.metadata.resource_version, patch)
-                return True
-            except Exception as exc:
-                if getattr(exc, "type", None) != ErrorKind.CONFLICT or attempt == CONFLICT_RETRIES - 1:
-                    raise
-                activity.logger.info("node %s changed under us (409), retrying on the fresh object", name)
-        raise AssertionError("unreachable")
+            self._patch_node(name, node.metadata.resource_version, patch)
+            return True
+
+        return reread_on_conflict(f"node {name}", attempt)
 
     def _holder(self, node: client.V1Node, target: NodeTarget) -> str | None:
         """The workflow holding the node (our annotation); another run's hold is not ours to change."""

@@ -12,8 +12,8 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 from temporalio import activity
 
-from activities.errors import fail
-from activities.kubernetes import CONFLICT_RETRIES, KubernetesActivities, api_errors, node_info
+from activities.errors import fail, reread_on_conflict
+from activities.kubernetes import KubernetesActivities, api_errors, node_info
 from fleetmedic.errors import ErrorKind
 from fleetmedic.models import ActionResult
 from fleetmedic.quota import Flavor, KueueSnapshot, Queue, QuotaSlot, QuotaUpdate
@@ -88,7 +88,8 @@ class KueueActivities:
         resourceVersion; on a 409 read the fresh object and apply the same numbers to it."""
         target = f"ClusterQueue {update.queue}"
         detail = ", ".join(f"{s.flavor} {s.nominal}" for s in update.slots)
-        for attempt in range(CONFLICT_RETRIES):
+
+        def attempt() -> ActionResult:
             with api_errors(f"get ClusterQueue {update.queue}"):
                 queue = self.k8s.custom.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", update.queue,
                                                                   _request_timeout=self.k8s.timeout)
@@ -112,17 +113,13 @@ class KueueActivities:
             if self.k8s._dry(update.dry_run):
                 return ActionResult(system="kubernetes", action="set quota", target=target, changed=False,
                                     dry_run=True, detail=detail)
-            try:
-                with api_errors(f"update ClusterQueue {update.queue}"):
-                    self.k8s.custom.replace_cluster_custom_object(GROUP, VERSION, "clusterqueues", update.queue,
-                                                                  queue, _request_timeout=self.k8s.timeout)
-                return ActionResult(system="kubernetes", action="set quota", target=target, changed=True,
-                                    detail=detail)
-            except Exception as exc:
-                if getattr(exc, "type", None) != ErrorKind.CONFLICT or attempt == CONFLICT_RETRIES - 1:
-                    raise
-                activity.logger.info("%s changed under us (409), applying the quota to the fresh object", target)
-        raise AssertionError("unreachable")
+            with api_errors(f"update ClusterQueue {update.queue}"):
+                self.k8s.custom.replace_cluster_custom_object(GROUP, VERSION, "clusterqueues", update.queue,
+                                                              queue, _request_timeout=self.k8s.timeout)
+            return ActionResult(system="kubernetes", action="set quota", target=target, changed=True,
+                                detail=detail)
+
+        return reread_on_conflict(target, attempt)
 
     def activities(self) -> list[Callable[..., Any]]:
         return [self.snapshot, self.set_quota]

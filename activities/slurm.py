@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import httpx
 from temporalio import activity
 
-from activities.errors import fail, from_http_status
+from activities.errors import fail, http_errors, raise_for_status
 from fleetmedic.errors import ErrorKind
 from fleetmedic.models import (
     ActionResult,
@@ -139,14 +139,9 @@ class SlurmRest:
                                    headers={"X-SLURM-USER-NAME": user, "X-SLURM-USER-TOKEN": token})
 
     def _get(self, path: str) -> dict[str, Any]:
-        try:
+        with http_errors(f"slurmrestd {path}"):
             response = self.client.get(path)
-        except httpx.TimeoutException as exc:
-            raise fail(ErrorKind.TIMEOUT, f"slurmrestd {path}: {exc}") from None
-        except httpx.HTTPError as exc:
-            raise fail(ErrorKind.UNAVAILABLE, f"slurmrestd {path}: {exc}") from None
-        if response.status_code >= 400:
-            raise from_http_status(response.status_code, f"slurmrestd {path}: {response.text[:200]}")
+        raise_for_status(response, f"slurmrestd {path}")
         data: dict[str, Any] = response.json()
         raise_slurm_errors(data, f"slurmrestd {path}")
         return data

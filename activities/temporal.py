@@ -13,10 +13,10 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.start import start_or_attach
 from fleetmedic.ids import cluster_workflow_id, guard_workflow_id, start_attributes
 from fleetmedic.models import FleetPause, GuardState, LeaseRequest, Operator
 from fleetmedic.quota import QuotaSyncInput
@@ -29,9 +29,9 @@ class TemporalActivities:
         self.task_queue = task_queue
 
     async def signal_guard(self, cluster: str, signal: str, arg: Any) -> None:
-        await self.client.start_workflow(
-            "fleet-guard", GuardState(cluster=cluster), id=guard_workflow_id(cluster), task_queue=self.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, start_signal=signal, start_signal_args=[arg])
+        await start_or_attach(self.client, "fleet-guard", GuardState(cluster=cluster),
+                              workflow_id=guard_workflow_id(cluster), task_queue=self.task_queue, signal=signal,
+                              signal_args=[arg])
 
     @activity.defn(name="guard.request")
     async def request_lease(self, cluster: str, request: LeaseRequest) -> None:
@@ -59,11 +59,10 @@ class TemporalActivities:
         """A node left or returned: start kueue-quota-sync/<cluster>, or tell the running one to
         make another pass."""
         workflow_id = cluster_workflow_id("kueue-quota-sync", cluster)
-        await self.client.start_workflow(
-            "kueue-quota-sync", QuotaSyncInput(cluster=cluster, requested_by="node runbook"), id=workflow_id,
-            task_queue=self.task_queue, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, start_signal="sync",
-            search_attributes=start_attributes("kueue-quota-sync", cluster))
+        await start_or_attach(self.client, "kueue-quota-sync", QuotaSyncInput(cluster=cluster,
+                                                                              requested_by="node runbook"),
+                              workflow_id=workflow_id, task_queue=self.task_queue, signal="sync",
+                              search_attributes=start_attributes("kueue-quota-sync", cluster))
 
     @activity.defn(name="traffic.stop_runbook")
     async def stop_runbook(self, workflow_id: str, operator: Operator) -> bool:

@@ -243,7 +243,7 @@ class LocalKubeCluster:
         return f"system:serviceaccount:{namespace}:{account}"
 
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 RBAC_KINDS = frozenset({"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"})
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from pydantic import ValidationError
+
 
 class ErrorKind(StrEnum):
     NOT_FOUND = "NotFound"  # the object is gone: retrying will not bring it back
@@ -23,6 +25,13 @@ class ErrorKind(StrEnum):
 NON_RETRYABLE: tuple[str, ...] = (
     ErrorKind.NOT_FOUND, ErrorKind.FORBIDDEN, ErrorKind.INVALID, ErrorKind.NOT_OWNED,
 )
+
+
+def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    """Each problem pydantic found: where (the dotted field path, "" for the whole input) and why.
+    Every refusal of outside input (a policy file, an alert, the environment, a start input) is one
+    line built from these."""
+    return [(".".join(str(part) for part in error["loc"]), str(error["msg"])) for error in exc.errors()]
 
 
 def kind_for_http_status(status: int) -> ErrorKind:

@@ -15,6 +15,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleetmedic.durations import Duration
+from fleetmedic.errors import validation_errors
 from fleetmedic.quota import QueueShare
 from fleetmedic.trust import cluster_name_error
 from fleetmedic.xid import BurstRule, XidAction, XidRule, default_burst, default_catalog, default_reset_repeat
@@ -429,9 +430,8 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        field = ".".join(str(part) for part in error["loc"]) or "(document)"
-        raise PolicyError(source, field, error["msg"]) from None
+        where, why = validation_errors(exc)[0]
+        raise PolicyError(source, where or "(document)", why) from None
 
 
 def load_policy(path: str | Path | None) -> Policy:

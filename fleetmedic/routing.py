@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from fleetmedic.errors import validation_errors
 from fleetmedic.ids import NODE_RUNBOOKS, cluster_workflow_id, node_workflow_id
 from fleetmedic.models import Alert, NodeRunbookInput
 from fleetmedic.policy import Route, RoutingPolicy
@@ -130,6 +131,6 @@ def route(alert: Alert, policy: RoutingPolicy, available: frozenset[str]) -> Rou
         runbook_input = NodeRunbookInput(cluster=cluster, node=node, gpu=facts.gpu, xid=facts.xid,
                                          temperature_c=facts.temperature_c, alert=alert, requested_by="alertmanager")
     except ValidationError as exc:
-        error = exc.errors()[0]
-        return Refused(runbook, "invalid_label", f"{'.'.join(map(str, error['loc']))}: {error['msg']}")
+        where, why = validation_errors(exc)[0]
+        return Refused(runbook, "invalid_label", f"{where}: {why}")
     return Routed(runbook, chosen, node_workflow_id(runbook, cluster, node), cluster, node, runbook_input)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fleetmedic.errors import validation_errors
+
 
 @dataclass(frozen=True)
 class EnvVar:
@@ -133,6 +135,6 @@ class Settings(BaseModel):
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
-            error = exc.errors()[0]
-            field = str(error["loc"][0]) if error["loc"] else "?"
-            raise SettingsError(f"environment variable {mapping.get(field, field)}: {error['msg']}") from None
+            where, why = validation_errors(exc)[0]
+            field = where.split(".")[0] or "?"
+            raise SettingsError(f"environment variable {mapping.get(field, field)}: {why}") from None

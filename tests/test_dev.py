@@ -36,7 +36,7 @@ async def test_dev_stack_serves_the_ui_and_a_worker(tmp_path: Path) -> None:
             "xid-recovery", {"cluster": "default", "node": "gpu-node-1", "gpu": 2, "xid": 79, "dry_run": True},
             id="xid-recovery/default/gpu-node-1", task_queue="fleetmedic", result_type=RunbookStatus)
         report = await handle.result()
-        assert report.outcome == "remediated" and report.dry_run
+        assert report.outcome == "dry-run" and report.dry_run
         assert any(a.startswith("would cordon node gpu-node-1") for a in report.actions)
         # The dev webhook routes an alert to a runbook (an application XID: notify, touch nothing).
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{webhook_port}", timeout=10) as http:

@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
+from activities.start import start_or_attach
 from fleetmedic.ids import NODE_RUNBOOKS, cluster_workflow_id, guard_workflow_id, node_workflow_id, start_attributes
 from fleetmedic.models import Approval, GuardState, NodeRunbookInput, Operator, RunbookStatus
 from fleetmedic.policy import PolicyError, load_policy
@@ -220,10 +220,9 @@ async def run_command(client: Client, args: argparse.Namespace, settings: Settin
     else:
         runbook_input = TrafficInput(cluster=cluster, dry_run=args.dry_run, requested_by=args.by)
     workflow_id = node_workflow_id(args.runbook, cluster, node) if node else cluster_workflow_id(args.runbook, cluster)
-    handle = await client.start_workflow(
-        args.runbook, runbook_input, result_type=RunbookStatus, id=workflow_id, task_queue=settings.task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    handle = await start_or_attach(
+        client, args.runbook, runbook_input, result_type=RunbookStatus, workflow_id=workflow_id,
+        task_queue=settings.task_queue,
         search_attributes=start_attributes(args.runbook, cluster, node, args.xid if node else None, args.dry_run))
     print(f"{workflow_id} (run {handle.result_run_id}): started{' in shadow mode' if args.dry_run else ''}")
     if args.wait:
@@ -242,10 +241,8 @@ async def guard_command(client: Client, args: argparse.Namespace, settings: Sett
     """Signal-with-start the cluster's fleet guard: it exists from the first pause on."""
     cluster = args.cluster or settings.cluster
     operator = Operator(by=args.by, reason=args.reason)
-    await client.start_workflow(
-        "fleet-guard", GuardState(cluster=cluster), id=guard_workflow_id(cluster), task_queue=settings.task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, start_signal=args.command,
-        start_signal_args=[operator])
+    await start_or_attach(client, "fleet-guard", GuardState(cluster=cluster), workflow_id=guard_workflow_id(cluster),
+                          task_queue=settings.task_queue, signal=args.command, signal_args=[operator])
     verb = "paused" if args.command == "pause" else "resumed"
     print(f"fleet-guard/{cluster}: {verb} by {operator.by}" + (f": {operator.reason}" if operator.reason else ""))
     return 0

@@ -33,9 +33,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.start import start_or_attach
+from fleetmedic.errors import validation_errors
 from fleetmedic.ids import FLEET_OUTCOME, start_attributes
 from fleetmedic.models import Alert, AlertAnswer, AlertmanagerPayload, RunbookStatus
 from fleetmedic.policy import Policy, RoutingPolicy
@@ -196,11 +197,9 @@ class AlertReceiver:
                                     f"already remediated at {close_time.isoformat()}"
                                     + (f" (outcome {outcome})" if outcome else "")
                                     + "; the alert started before that run ended", "already_remediated")
-        handle = await self._temporal(lambda: self.client.start_workflow(
-            decision.runbook, decision.input, id=decision.workflow_id, task_queue=self.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            start_signal="alert", start_signal_args=[alert], result_type=RunbookStatus,
+        handle = await self._temporal(lambda: start_or_attach(
+            self.client, decision.runbook, decision.input, workflow_id=decision.workflow_id,
+            task_queue=self.task_queue, signal="alert", signal_args=[alert], result_type=RunbookStatus,
             search_attributes=start_attributes(decision.runbook, decision.cluster, decision.node,
                                                decision.input.xid),
             rpc_timeout=self._rpc_timeout()))
@@ -297,7 +296,6 @@ def default_listen_host() -> str:
 
 def _reason(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"]) or "(body)"
-        return f"invalid Alertmanager payload: {where}: {error['msg']}"
+        where, why = validation_errors(exc)[0]
+        return f"invalid Alertmanager payload: {where or '(body)'}: {why}"
     return f"body is not JSON: {exc}"

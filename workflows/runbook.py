@@ -29,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ValidationError
 
     from fleetmedic import ids
-    from fleetmedic.errors import NON_RETRYABLE
+    from fleetmedic.errors import NON_RETRYABLE, validation_errors
     from fleetmedic.models import (
         ActionResult,
         Alert,
@@ -75,6 +75,11 @@ class DryRunEnded(Exception):
         super().__init__(f"{step}: {error}")
         self.step, self.error = step, error
 
+
+# Outcomes that change nothing, live or dry: a dry run ends with them as they are. Every other
+# outcome of a dry run becomes `dry-run` ("would have ended remediated: …").
+UNCHANGED_OUTCOMES = frozenset({"unknown-node", "invalid-input", "notified", "ignored", "escalated", "recovered",
+                                "not-needed", "not-yet", "nothing-to-move"})
 
 # How often a runbook without a lease asks the fleet guard whether the fleet is still paused.
 FLEET_PAUSE_POLL = timedelta(seconds=15)
@@ -386,7 +391,7 @@ class Runbook:
         by default the run's node; none when empty), the Slack thread, the decisions, the metrics and
         the `FleetOutcome` search attribute. A dry run ends `dry-run`, with what it would have done."""
         self.enter("record outcome")
-        if self.dry_run and outcome != "dry-run" and workflow.patched("dry-run-outcome"):
+        if self.dry_run and outcome not in UNCHANGED_OUTCOMES | {"dry-run"} and workflow.patched("dry-run-outcome"):
             message, outcome = f"would have ended {outcome}: {message}", "dry-run"
         subject = self.node if event_on is None else event_on
         if subject:
@@ -465,7 +470,7 @@ def input_error(raw: Any, model: type[BaseModel]) -> str | None:
     try:
         model.model_validate(raw)
     except ValidationError as exc:
-        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
+        return "; ".join(f"{where or 'input'}: {why}" for where, why in validation_errors(exc))
     return None
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 
-from activities.errors import fail, from_http_status
+from activities.errors import fail, http_errors, raise_for_status
 from fleetmedic.errors import ErrorKind
 from fleetmedic.models import ProviderRequest, ProviderResult
 
@@ -28,19 +28,14 @@ class HttpProvider:
                                   detail=f"would POST /v1/requests {request.action} {request.node}")
         body = {"cluster": request.cluster, "node": request.node, "action": request.action,
                 "reason": request.reason}
-        try:
+        with http_errors("provider"):
             response = self.client.post("/v1/requests", json=body,
                                         headers={"Idempotency-Key": request.idempotency_key})
-        except httpx.TimeoutException as exc:
-            raise fail(ErrorKind.TIMEOUT, f"provider timed out: {exc}") from None
-        except httpx.HTTPError as exc:
-            raise fail(ErrorKind.UNAVAILABLE, f"provider unreachable: {exc}") from None
         if response.status_code == 409:
             # The key was used for a different request: a bug or a collision, never retry it.
             raise fail(ErrorKind.INVALID, f"provider refused idempotency key {request.idempotency_key}: "
                                           f"{response.text[:200]}")
-        if response.status_code >= 400:
-            raise from_http_status(response.status_code, f"provider: {response.text[:200]}")
+        raise_for_status(response, "provider")
         data = response.json()
         return ProviderResult(provider=self.name, action=request.action, accepted=True,
                               reference=str(data.get("id", "")), detail=str(data.get("status", "accepted")))

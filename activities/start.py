@@ -1,0 +1,26 @@
+"""Starting a runbook (or the fleet guard) the one way FleetMedic does: the workflow ID names the
+incident, so a second start attaches to the run already open under it instead of starting
+another, and a closed ID may run again. The webhook, the CLI and the activities share it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+
+
+async def start_or_attach(client: Client, workflow: str, arg: Any, *, workflow_id: str, task_queue: str,
+                          signal: str | None = None, signal_args: Sequence[Any] = (),
+                          search_attributes: TypedSearchAttributes | None = None, result_type: type | None = None,
+                          rpc_timeout: timedelta | None = None) -> WorkflowHandle[Any, Any]:
+    """Start `workflow`, or attach to its open run; `signal` reaches the run either way
+    (signal-with-start). The handle's `result_run_id` says which run it is."""
+    return await client.start_workflow(
+        workflow, arg, id=workflow_id, task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        start_signal=signal, start_signal_args=list(signal_args), search_attributes=search_attributes,
+        result_type=result_type, rpc_timeout=rpc_timeout)
