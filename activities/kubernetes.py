@@ -167,7 +167,6 @@ class KubernetesActivities:
         node = self.find_node(name)
         return node_info(node, self.policy.labels.gpu_resource) if node is not None else None
 
-    @activity.defn(name="k8s.list_nodes")
     def list_nodes(self, label_selector: str) -> list[NodeInfo]:
         with api_errors("list nodes"):
             nodes = self.core.list_node(label_selector=label_selector or None, _request_timeout=self.timeout)
@@ -182,7 +181,6 @@ class KubernetesActivities:
         domains = {n.name: n.labels[topology_label] for n in out if topology_label and n.labels.get(topology_label)}
         return FleetCapacity(gpu_nodes=len(nodes), unavailable=sorted(n.name for n in out), domains=domains)
 
-    @activity.defn(name="k8s.list_pods_on_node")
     def list_pods_on_node(self, node: str) -> list[PodInfo]:
         return [pod_info(p, self.policy.labels.gpu_resource) for p in self.pods_on(node)]
 
@@ -490,31 +488,7 @@ class KubernetesActivities:
         return ActionResult(system="kubernetes", action="record", target=target, changed=True,
                             detail=request.message)
 
-    # --- Kueue -----------------------------------------------------------------------------------
-
-    @activity.defn(name="k8s.list_kueue_workloads")
-    def list_kueue_workloads(self, namespace: str) -> list[dict[str, Any]]:
-        """Kueue Workloads, summarised: name, namespace, priority, admitted, queue."""
-        with api_errors("list Kueue workloads"):
-            if namespace:
-                result = self.custom.list_namespaced_custom_object(
-                    "kueue.x-k8s.io", "v1beta1", namespace, "workloads", _request_timeout=self.timeout)
-            else:
-                result = self.custom.list_cluster_custom_object(
-                    "kueue.x-k8s.io", "v1beta1", "workloads", _request_timeout=self.timeout)
-        summaries = []
-        for item in result.get("items", []):
-            status = item.get("status") or {}
-            admitted = any(c.get("type") == "Admitted" and c.get("status") == "True"
-                           for c in status.get("conditions") or [])
-            summaries.append({
-                "name": item["metadata"]["name"], "namespace": item["metadata"].get("namespace", ""),
-                "priority": int((item.get("spec") or {}).get("priority") or 0),
-                "queue": (item.get("spec") or {}).get("queueName", ""), "admitted": admitted,
-            })
-        return summaries
-
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.get_node, self.wait_node_ready, self.list_nodes, self.fleet_capacity, self.list_pods_on_node,
-                self.check_opt_out, self.cordon_node, self.uncordon_node, self.annotate_quarantine, self.add_taint,
-                self.remove_taint, self.evict_pods, self.record_event, self.list_kueue_workloads]
+        return [self.get_node, self.wait_node_ready, self.fleet_capacity, self.check_opt_out, self.cordon_node,
+                self.uncordon_node, self.annotate_quarantine, self.add_taint, self.remove_taint, self.evict_pods,
+                self.record_event]

@@ -165,7 +165,6 @@ class SlurmActivities:
                 return node_from_json(raw)
         raise fail(ErrorKind.NOT_FOUND, f"Slurm has no node {name}")
 
-    @activity.defn(name="slurm.get_node")
     def get_node(self, name: str) -> SlurmNode:
         return self._node(name)
 
@@ -274,5 +273,5 @@ class SlurmActivities:
                             dry_run=dry, detail=detail)
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.get_node, self.jobs_on_node, self.get_job, self.set_node_state, self.requeue_job,
+        return [self.jobs_on_node, self.get_job, self.set_node_state, self.requeue_job,
                 self.signal_job]

@@ -37,9 +37,8 @@ DESTRUCTIVE: dict[str, Callable[[dict[str, Any]], bool]] = {
 SAFE = {
     "agent.available", "agent.gpus", "agent.validate", "config.context", "config.policy", "guard.paused",
     "guard.release", "guard.request", "k8s.annotate_quarantine", "k8s.check_opt_out", "k8s.fleet_capacity",
-    "k8s.get_node", "k8s.list_kueue_workloads", "k8s.list_nodes", "k8s.list_pods_on_node", "k8s.record_event",
-    "k8s.remove_taint", "k8s.uncordon_node", "k8s.wait_node_ready", "kueue.request_sync", "kueue.snapshot",
-    "provider.capabilities", "slack.notify_start", "slack.notify_step", "slurm.get_job", "slurm.get_node",
+    "k8s.get_node", "k8s.record_event", "k8s.remove_taint", "k8s.uncordon_node", "k8s.wait_node_ready",
+    "kueue.request_sync", "kueue.snapshot", "slack.notify_start", "slack.notify_step", "slurm.get_job",
     "slurm.jobs_on_node", "storage.newest_checkpoint", "temporal.count_remediations", "temporal.running",
     "traffic.slo", "traffic.snapshot", "traffic.stop_runbook", "traffic.wait_home",
 }

@@ -204,20 +204,6 @@ def test_event_is_recorded_once(kube: KubeEmulatorThread, k8s: KubernetesActivit
     assert len(events) == 1 and events[0]["involvedObject"]["name"] == "n1"
 
 
-def test_kueue_workloads(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
-    # A Workload as Kueue's CRD validates it (podSets required; conditions need a reason and a time).
-    kube.emulator.put({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
-                       "metadata": {"name": "pretrain", "namespace": "training"},
-                       "spec": {"priority": 1000, "queueName": "train",
-                                "podSets": [{"name": "main", "count": 1, "template": {"spec": {"containers": [
-                                    {"name": "main", "image": "trainer:1"}]}}}]},
-                       "status": {"conditions": [{"type": "Admitted", "status": "True", "reason": "Admitted",
-                                                  "message": "admitted",
-                                                  "lastTransitionTime": "2026-11-30T00:00:00Z"}]}})
-    assert run(k8s.list_kueue_workloads, "") == [
-        {"name": "pretrain", "namespace": "training", "priority": 1000, "queue": "train", "admitted": True}]
-
-
 def test_wait_node_ready_watches_until_the_node_is_back(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
     from datetime import UTC, datetime
 

@@ -27,10 +27,11 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from fleetmedic import activity_refs as refs
     from fleetmedic.models import FleetCapacity, GuardState, Lease, LeaseAnswer, LeaseRequest, Operator
     from fleetmedic.policy import Policy
 
-from workflows.runbook import bounded_retry
+from workflows.runbook import bounded_retry, execute, local
 
 # How long a count of the fleet's out-of-service nodes is reused. Leases are always counted
 # fresh; only nodes that went NotReady or were cordoned by others in the last seconds can be missed.
@@ -87,8 +88,7 @@ class FleetGuard:
 
     @workflow.run
     async def run(self, state: GuardState) -> None:
-        self.policy = await workflow.execute_local_activity(
-            "config.policy", result_type=Policy, start_to_close_timeout=timedelta(seconds=10))
+        self.policy = await local(refs.CONFIG_POLICY, ())
         limit = self.policy.budget.guard_history_events
         while True:
             woke = await self._wake()
@@ -175,9 +175,8 @@ class FleetGuard:
         if self.capacity is not None and workflow.now() - self.capacity_at < CAPACITY_TTL:
             return self.capacity
         try:
-            capacity: FleetCapacity = await workflow.execute_activity(
-                "k8s.fleet_capacity", args=[self.policy.labels.gpu_node_selector, self.policy.budget.topology_label],
-                result_type=FleetCapacity,
+            capacity = await execute(
+                refs.FLEET_CAPACITY, (self.policy.labels.gpu_node_selector, self.policy.budget.topology_label),
                 start_to_close_timeout=self.policy.retries.call_timeout, retry_policy=bounded_retry(self.policy),
                 summary="count GPU nodes out of service")
             self.capacity, self.capacity_at = capacity, workflow.now()
@@ -223,8 +222,8 @@ class FleetGuard:
     async def reclaim(self) -> None:
         """A lease held by a closed workflow is reclaimed (a crash between grant and release)."""
         try:
-            running = await workflow.execute_activity(
-                "temporal.running", [h.workflow_id for h in self.state.holders], result_type=list[str],
+            running = await execute(
+                refs.RUNNING, [h.workflow_id for h in self.state.holders],
                 start_to_close_timeout=timedelta(seconds=30), retry_policy=bounded_retry(self.policy),
                 summary="which lease holders still run")
         except ActivityError:

@@ -21,7 +21,8 @@ from temporalio import workflow
 from workflows.node_steps import NodeRunbook, NothingToDo, gpu_name
 
 with workflow.unsafe.imports_passed_through():
-    from fleetmedic.models import GpuReading, GpuReadings, RunbookStatus, SlurmNodeState
+    from fleetmedic import activity_refs as refs
+    from fleetmedic.models import GpuReading, RunbookStatus, SlurmNodeState
 
 
 @workflow.defn(name="hot-gpu-pull")
@@ -71,7 +72,7 @@ class HotGpuPull(NodeRunbook):
         thermal = self.policy.thermal
         self.enter("confirm still hot")
         alerted = GpuReading(gpu=self.input.gpu, temperature_c=self.input.temperature_c)
-        readings = await self.call("confirm still hot", "agent.gpus", self.node, GpuReadings)
+        readings = await self.call("confirm still hot", refs.AGENT_GPUS, self.node)
         if readings is None or not readings.available:
             self.decide("confirm still hot", "no fresh reading ("
                         + (readings.detail if readings else "skipped by an operator")

@@ -23,10 +23,10 @@ from temporalio import workflow
 from workflows.runbook import DryRunEnded, Runbook, RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
-    from fleetmedic.models import ActionResult, EventRequest, RunbookStatus
+    from fleetmedic import activity_refs as refs
+    from fleetmedic.models import EventRequest, RunbookStatus
     from fleetmedic.policy import Policy
     from fleetmedic.quota import (
-        KueueSnapshot,
         QuotaChange,
         QuotaSlot,
         QuotaSyncInput,
@@ -84,7 +84,7 @@ class KueueQuotaSync(Runbook):
 
     async def sync_once(self, policy: Policy) -> None:
         self.enter("read")
-        snapshot = await self.call("read", "kueue.snapshot", [], KueueSnapshot, spread=True)
+        snapshot = await self.call("read", refs.KUEUE_SNAPSHOT, ())
         if snapshot is None:
             return
         if not snapshot.installed:
@@ -152,14 +152,14 @@ class KueueQuotaSync(Runbook):
         new = {c.flavor: c.new for c in changes}
         update = QuotaUpdate(queue=queue, dry_run=self.dry_run,
                              slots=[s.model_copy(update={"nominal": new[s.flavor]}) for s in slots if s.flavor in new])
-        result = await self.act("apply", "kueue.set_quota", update)
+        result = await self.act("apply", refs.SET_QUOTA, update)
         if result is None or not result.changed:
             return
         diff = ", ".join(f"{c.flavor} {c.current} → {c.new}" for c in changes)
-        await self.call("apply", "k8s.record_event", EventRequest(
+        await self.call("apply", refs.RECORD_EVENT, EventRequest(
             kind="ClusterQueue", api_version="kueue.x-k8s.io/v1beta1", name=queue, namespace="default",
             reason="FleetMedicQuotaSynced", message=f"GPU quota {diff}: {changes[0].reason} ({self.workflow_id})",
-            type="Normal"), ActionResult, escalate=False)
+            type="Normal"), escalate=False)
         if self.thread_task is None:
             self.open_thread(f":bar_chart: Kueue quota of `{queue}`: {diff}")
         else:

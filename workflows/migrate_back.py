@@ -26,12 +26,12 @@ from workflows.runbook import RunbookAborted
 from workflows.traffic_steps import Stopped, TrafficRunbook
 
 with workflow.unsafe.imports_passed_through():
+    from fleetmedic import activity_refs as refs
     from fleetmedic.models import EvictionReport, RunbookStatus
     from fleetmedic.traffic import (
         EvictPods,
         HomeReport,
         SloCheck,
-        SloResult,
         WaitHome,
         home_free,
         next_batch,
@@ -121,9 +121,9 @@ class MigrateBack(TrafficRunbook):
                     return
                 batch, last = away[:traffic.batch_size], len(away) <= traffic.batch_size
             home_before = sum(d.ready_in_cluster for d in snap.deployments)
-            report = await self.call("move a batch home", "traffic.evict", EvictPods(
+            report = await self.call("move a batch home", refs.TRAFFIC_EVICT, EvictPods(
                 pods=[p.ref for p in batch], deadline_s=traffic.batch_timeout.total_seconds(),
-                dry_run=self.dry_run), EvictionReport, timeout=traffic.batch_timeout + timedelta(minutes=1),
+                dry_run=self.dry_run), timeout=traffic.batch_timeout + timedelta(minutes=1),
                 heartbeat=self.call_timeout())
             if report is None:
                 continue
@@ -136,9 +136,9 @@ class MigrateBack(TrafficRunbook):
                 if last:
                     return
                 continue
-            home = await self.call("wait for replacements", "traffic.wait_home", WaitHome(
+            home = await self.call("wait for replacements", refs.TRAFFIC_WAIT_HOME, WaitHome(
                 in_cluster_ready=home_before + len(report.evicted), min_fraction=traffic.min_ready_fraction,
-                timeout_s=traffic.batch_timeout.total_seconds()), HomeReport,
+                timeout_s=traffic.batch_timeout.total_seconds()),
                 timeout=traffic.batch_timeout + timedelta(minutes=1), heartbeat=self.call_timeout())
             if home is not None:
                 self.lowest = min(self.lowest, home.min_ready_ratio)
@@ -178,8 +178,8 @@ class MigrateBack(TrafficRunbook):
                             f"{traffic.batch_timeout}" + (f"; below minimum: {', '.join(home.below_minimum)}"
                                                           if home.below_minimum else ""))
         if traffic.slo_query:
-            slo = await self.call("SLO gate", "traffic.slo", SloCheck(query=traffic.slo_query,
-                                                                       max_value=traffic.slo_max), SloResult)
+            slo = await self.call("SLO gate", refs.TRAFFIC_SLO,
+                                  SloCheck(query=traffic.slo_query, max_value=traffic.slo_max))
             if slo is not None and slo.available and not slo.passed:
                 failures.append(f"SLO: {slo.detail}")
             elif slo is not None:

@@ -18,10 +18,10 @@ from temporalio import workflow
 from temporalio.common import MetricMeter, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError
 
-from workflows.runbook import DryRunEnded, Runbook, RunbookAborted, input_error
+from workflows.runbook import DryRunEnded, Runbook, RunbookAborted, execute, input_error, local
 
 with workflow.unsafe.imports_passed_through():
-
+    from fleetmedic import activity_refs as refs
     from fleetmedic import ids
     from fleetmedic.lemon import count_since, lemon_count
     from fleetmedic.models import (
@@ -48,7 +48,6 @@ with workflow.unsafe.imports_passed_through():
         Taint,
         TaintRequest,
         Validate,
-        Validation,
         WaitNodeReady,
     )
     from fleetmedic.policy import Policy
@@ -151,10 +150,7 @@ class NodeRunbook(Runbook):
         self.enter("load policy")
         # Local activities: the worker's own configuration, no round trip through the task queue.
         policy, context = await asyncio.gather(
-            workflow.execute_local_activity("config.policy", result_type=Policy,
-                                            start_to_close_timeout=timedelta(seconds=10)),
-            workflow.execute_local_activity("config.context", result_type=RunContext,
-                                            start_to_close_timeout=timedelta(seconds=10)))
+            local(refs.CONFIG_POLICY, ()), local(refs.CONFIG_CONTEXT, ()))
         self.policy, self.context = Policy.model_validate(policy), RunContext.model_validate(context)
         served = self.policy.routing.served_clusters
         # Patched: runs recorded before the check existed replay without it.
@@ -188,7 +184,7 @@ class NodeRunbook(Runbook):
     async def before_destructive(self, step: str) -> OptOut:
         """The runbook base's gate with the node's opt-out: its label, or a pod's on it, read now."""
         async def node_opt_out() -> OptOut:
-            opt_out = await self.call(f"{step}: opt-out check", "k8s.check_opt_out", self.node, OptOut)
+            opt_out = await self.call(f"{step}: opt-out check", refs.CHECK_OPT_OUT, self.node)
             if opt_out is None:  # the operator skipped the check: treat as opted out, to be safe
                 return OptOut(opted_out=True, reasons=["opt-out check skipped by an operator"])
             return opt_out
@@ -251,14 +247,13 @@ class NodeRunbook(Runbook):
             self.decide("take disruption lease", "would take a disruption lease (shadow runs hold none)")
             return
         skipped = self.skipped
-        node = await self.call("take disruption lease", "k8s.get_node", self.node, NodeInfo)
+        node = await self.call("take disruption lease", refs.GET_NODE, self.node)
         if node is None and self.skipped == skipped:
             raise NothingToDo("unknown-node", f"node {self.node} does not exist in Kubernetes: nothing to remediate")
         label = self.policy.budget.topology_label
         domain = node.labels.get(label, "") if node and label else ""
         request = LeaseRequest(workflow_id=self.workflow_id, node=self.node, domain=domain)
-        await self.call("take disruption lease", "guard.request", [self.cluster, request], type(None),
-                        spread=True)
+        await self.call("take disruption lease", refs.GUARD_REQUEST, (self.cluster, request))
         self.lease_held = True  # from here on, every way out releases it
         timeout = self.policy.budget.lease_timeout if workflow.patched("lease-wait-escalates") else None
         while not await self.wait("lease from the fleet guard",
@@ -284,9 +279,9 @@ class NodeRunbook(Runbook):
             return
         self.enter("release disruption lease")
         try:
-            await workflow.execute_activity("guard.release", args=[self.cluster, self.workflow_id],
-                                            start_to_close_timeout=self.call_timeout(), retry_policy=self.retry(),
-                                            summary="release disruption lease")
+            await execute(refs.GUARD_RELEASE, (self.cluster, self.workflow_id),
+                          start_to_close_timeout=self.call_timeout(), retry_policy=self.retry(),
+                          summary="release disruption lease")
             self.lease_held = False
             self.decide("release disruption lease", "released")
         except ActivityError:
@@ -361,11 +356,14 @@ class NodeRunbook(Runbook):
         """
         slurm = self.context.slurm_enabled
 
+        async def jobs_on_node() -> list[SlurmJob] | None:
+            if not slurm:
+                return None
+            jobs: list[SlurmJob] | None = await self.call("take out of service", refs.JOBS_ON_NODE, self.node)
+            return jobs
+
         def read() -> Any:
-            return asyncio.gather(
-                self.call("take out of service", "slurm.jobs_on_node", self.node, list[SlurmJob]) if slurm
-                else _nothing(),
-                self.call("take out of service", "k8s.get_node", self.node, NodeInfo))
+            return asyncio.gather(jobs_on_node(), self.call("take out of service", refs.GET_NODE, self.node))
 
         if workflow.patched("read-jobs-after-the-gate"):
             # The gate may wait hours (a pause, an approval): read the node's jobs after it, so the
@@ -382,11 +380,11 @@ class NodeRunbook(Runbook):
         if drain_while_jobs and jobs:
             state = SlurmNodeState.DRAIN
         await asyncio.gather(
-            self.act("take out of service", "slurm.set_node_state",
+            self.act("take out of service", refs.SET_SLURM_STATE,
                      SetSlurmNodeState(node=self.node, state=state, reason=reason, dry_run=self.dry_run))
             if slurm else _nothing(),
-            self.act("take out of service", "k8s.cordon_node", self.target(reason)) if taint is None
-            else self.act("take out of service", "k8s.add_taint", self.taint_request(taint, reason)))
+            self.act("take out of service", refs.CORDON, self.target(reason)) if taint is None
+            else self.act("take out of service", refs.ADD_TAINT, self.taint_request(taint, reason)))
         await self.request_quota_sync("take out of service")
         if jobs:
             self.decide("take out of service", "jobs on the node: " + ", ".join(
@@ -403,7 +401,7 @@ class NodeRunbook(Runbook):
             raise OptedOut("signal jobs to checkpoint", opt_out.reasons)
         signalled_at = workflow.now()
         for job in jobs:
-            await self.act("signal jobs to checkpoint", "slurm.signal_job", SignalJob(
+            await self.act("signal jobs to checkpoint", refs.SIGNAL_JOB, SignalJob(
                 job_id=job.job_id, node=self.node, signal=self.policy.grace.signal, dry_run=self.dry_run))
         return signalled_at
 
@@ -413,7 +411,7 @@ class NodeRunbook(Runbook):
         opt_out = await self.before_destructive("take the node DOWN")
         if opt_out.opted_out:
             raise OptedOut("take the node DOWN", opt_out.reasons)
-        await self.act("take the node DOWN", "slurm.set_node_state",
+        await self.act("take the node DOWN", refs.SET_SLURM_STATE,
                        SetSlurmNodeState(node=self.node, state=SlurmNodeState.DOWN, reason=reason,
                                          dry_run=self.dry_run))
 
@@ -433,15 +431,15 @@ class NodeRunbook(Runbook):
         pending = {j.job_id: j for j in jobs}
         while pending and workflow.now() < deadline:
             for job_id, job in list(pending.items()):
-                checkpoint = await self.call("grace for checkpoints", "storage.newest_checkpoint",
-                                             CheckpointQuery(job_id=job_id, job_name=job.name), Checkpoint)
+                checkpoint = await self.call("grace for checkpoints", refs.NEWEST_CHECKPOINT,
+                                             CheckpointQuery(job_id=job_id, job_name=job.name))
                 if checkpoint is not None and checkpoint.modified >= signalled_at:
                     fresh[job_id] = checkpoint
                     del pending[job_id]
                     self.decide("grace for checkpoints", f"job {job_id} checkpointed at step {checkpoint.step} "
                                                          f"({checkpoint.path})")
                     continue
-                now_job = await self.call("grace for checkpoints", "slurm.get_job", job_id, SlurmJob)
+                now_job = await self.call("grace for checkpoints", refs.GET_JOB, job_id)
                 if now_job is not None and (self.node not in now_job.nodes or now_job.state == "PENDING"
                                             or ended_counts and now_job.state in ENDED):
                     del pending[job_id]
@@ -472,9 +470,9 @@ class NodeRunbook(Runbook):
                 request = RequeueJob(job_id=job.job_id, dry_run=self.dry_run, node=self.node, signalled=signalled)
             else:
                 request = RequeueJob(job_id=job.job_id, dry_run=self.dry_run)
-            await self.act("ensure requeue", "slurm.requeue_job", request)
-            checkpoint = await self.call("ensure requeue", "storage.newest_checkpoint",
-                                         CheckpointQuery(job_id=job.job_id, job_name=job.name), Checkpoint)
+            await self.act("ensure requeue", refs.REQUEUE_JOB, request)
+            checkpoint = await self.call("ensure requeue", refs.NEWEST_CHECKPOINT,
+                                         CheckpointQuery(job_id=job.job_id, job_name=job.name))
             resume_from[job.job_id] = checkpoint
             self.decide("ensure requeue", f"job {job.job_id} resumes from "
                                           + (f"step {checkpoint.step} ({checkpoint.path})" if checkpoint
@@ -492,10 +490,10 @@ class NodeRunbook(Runbook):
         deadline = self.policy.grace.eviction_deadline
         while True:
             report = await self.call(
-                "drain", "k8s.evict_pods",
+                "drain", refs.EVICT_PODS,
                 EvictRequest(node=self.node, deadline_s=deadline.total_seconds(), dry_run=self.dry_run,
                              workflow_id=self.workflow_id, selector=selector),
-                EvictionReport, timeout=deadline + timedelta(minutes=1), heartbeat=self.call_timeout(),
+                timeout=deadline + timedelta(minutes=1), heartbeat=self.call_timeout(),
                 retry=self.retry("writes"))
             if report is None:
                 return None
@@ -538,10 +536,9 @@ class NodeRunbook(Runbook):
         a provider that needs a person makes the run wait for `replaced`."""
         assert self.policy is not None
         await self.gate(action, (action,))
-        result = await self.call(action, "provider.request", ProviderRequest(
+        result = await self.call(action, refs.PROVIDER_REQUEST, ProviderRequest(
             cluster=self.cluster, node=self.node, action=action, reason=reason,
-            idempotency_key=self.idempotency_key(action), dry_run=self.dry_run), ProviderResult,
-            retry=self.retry("writes"))
+            idempotency_key=self.idempotency_key(action), dry_run=self.dry_run), retry=self.retry("writes"))
         if result is None:
             return None
         self.actions.append(ActionResult(system="provider", action=f"ask {result.provider} to {action}",
@@ -571,10 +568,10 @@ class NodeRunbook(Runbook):
     async def reset_gpu(self, gpu: int, reason: str) -> str:
         """Reset through the node agent when it can; otherwise the policy's fallback. Returns what ran."""
         assert self.policy is not None
-        if self.context.agent_configured and await self.call("reset", "agent.available", self.node, bool):
+        if self.context.agent_configured and await self.call("reset", refs.AGENT_AVAILABLE, self.node):
             await self.gate("reset")
-            result = await self.act("reset", "agent.reset_gpu", GpuResetRequest(node=self.node, gpu=gpu,
-                                                                                  dry_run=self.dry_run))
+            result = await self.act("reset", refs.AGENT_RESET_GPU, GpuResetRequest(node=self.node, gpu=gpu,
+                                                                                    dry_run=self.dry_run))
             if result is not None:
                 return "reset"
         fallback = self.policy.xid.reset_fallback
@@ -589,11 +586,10 @@ class NodeRunbook(Runbook):
         that reaches the policy's count (0 otherwise)."""
         assert self.policy is not None
         since = workflow.now() - self.policy.lemon.window
-        before = await self.call("lemon check", "temporal.count_remediations", [self.cluster, self.node, since], int,
-                                 spread=True) or 0
+        before = await self.call("lemon check", refs.COUNT_REMEDIATIONS, (self.cluster, self.node, since)) or 0
         if workflow.patched("lemon-count-on-node"):
             # The node's own record outlives Temporal's retention of closed runs.
-            node = await self.call("lemon check", "k8s.get_node", self.node, NodeInfo)
+            node = await self.call("lemon check", refs.GET_NODE, self.node)
             on_node = count_since(node.annotations.get(self.policy.labels.remediations_annotation), since,
                                   exclude_run=workflow.info().run_id) if node else 0
             before = lemon_count(before, on_node)
@@ -640,10 +636,10 @@ class NodeRunbook(Runbook):
             self.waiting_for = f"node {self.node} Ready after {requested_at.isoformat()} (until {deadline.isoformat()})"
             window = min(deadline - workflow.now(), timedelta(minutes=5))
             back = await self.call(
-                "wait for node Ready", "k8s.wait_node_ready",
+                "wait for node Ready", refs.WAIT_NODE_READY,
                 WaitNodeReady(node=self.node, since=since if rejoined and not self.replaced_signal else None,
                               timeout_s=max(window.total_seconds(), 1)),
-                NodeInfo, timeout=window + self.call_timeout(), heartbeat=self.call_timeout(),
+                timeout=window + self.call_timeout(), heartbeat=self.call_timeout(),
                 summary="wait for node Ready: watch")
             self.check_abort()
         if back is None:
@@ -652,8 +648,8 @@ class NodeRunbook(Runbook):
             return False
         self.decide("wait for node Ready", f"node {self.node} Ready since {back.ready_since}")
         self.enter("validate")
-        verdict = await self.call("validate", "agent.validate",
-                                  Validate(node=self.node, since=requested_at, expected_gpus=expected_gpus), Validation)
+        verdict = await self.call("validate", refs.AGENT_VALIDATE,
+                                  Validate(node=self.node, since=requested_at, expected_gpus=expected_gpus))
         if verdict is None or not verdict.available:
             self.decide("validate", "skipped: " + (verdict.detail if verdict else "skipped by an operator"))
             return True
@@ -666,10 +662,10 @@ class NodeRunbook(Runbook):
         self.enter("return to service")
         self.back_at = workflow.now()
         if taint is not None:
-            await self.act("return to service", "k8s.remove_taint", self.taint_request(taint))
-        await self.act("return to service", "k8s.uncordon_node", self.target())
+            await self.act("return to service", refs.REMOVE_TAINT, self.taint_request(taint))
+        await self.act("return to service", refs.UNCORDON, self.target())
         if resume_slurm and self.context.slurm_enabled:
-            await self.act("return to service", "slurm.set_node_state",
+            await self.act("return to service", refs.SET_SLURM_STATE,
                            SetSlurmNodeState(node=self.node, state=SlurmNodeState.RESUME, dry_run=self.dry_run))
         await self.request_quota_sync("return to service")
 
@@ -680,9 +676,8 @@ class NodeRunbook(Runbook):
         if self.dry_run or not self.policy.kueue.enabled or not workflow.patched("kueue-sync-on-node-change"):
             return
         try:
-            await workflow.execute_activity("kueue.request_sync", self.cluster,
-                                            start_to_close_timeout=self.call_timeout(), retry_policy=self.retry(),
-                                            summary=f"{step}: sync Kueue quotas")
+            await execute(refs.REQUEST_QUOTA_SYNC, self.cluster, start_to_close_timeout=self.call_timeout(),
+                          retry_policy=self.retry(), summary=f"{step}: sync Kueue quotas")
             self.decide(step, f"Kueue quota sync asked (kueue-quota-sync/{self.cluster})")
         except ActivityError:
             self.decide(step, "could not start the Kueue quota sync; its schedule catches up")
@@ -697,7 +692,7 @@ class NodeRunbook(Runbook):
         pending = {j.job_id: j for j in jobs if j.requeue}
         while pending and workflow.now() < deadline:
             for job_id, before in list(pending.items()):
-                job = await self.call("confirm jobs resumed", "slurm.get_job", job_id, SlurmJob)
+                job = await self.call("confirm jobs resumed", refs.GET_JOB, job_id)
                 if job is not None and job.state == "RUNNING" and job.restart_count > before.restart_count:
                     self.decide("confirm jobs resumed", f"job {job_id} runs again on {', '.join(job.nodes)} "
                                                         f"(restart {job.restart_count})")
@@ -714,7 +709,7 @@ class NodeRunbook(Runbook):
         """The node stays out, and says why: never cordoned without an open run or an annotation."""
         assert self.policy is not None
         self.enter("leave quarantined")
-        await self.act("leave quarantined", "k8s.annotate_quarantine", self.target(f"fleetmedic: {why} "
+        await self.act("leave quarantined", refs.ANNOTATE_QUARANTINE, self.target(f"fleetmedic: {why} "
                                                                                    f"({self.workflow_id})"))
         await self.say(f":warning: `{self.node}` stays out of service: {why}",
                        mention=self.policy.escalation.slack_mention)

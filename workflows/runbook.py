@@ -28,7 +28,9 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ValidationError
 
+    from fleetmedic import activity_refs as refs
     from fleetmedic import ids
+    from fleetmedic.activity_refs import Activity
     from fleetmedic.errors import NON_RETRYABLE, validation_errors
     from fleetmedic.models import (
         ActionResult,
@@ -37,7 +39,6 @@ with workflow.unsafe.imports_passed_through():
         Escalation,
         EscalationAnswer,
         EventRequest,
-        FleetPause,
         LeaseAnswer,
         NotifyResult,
         NotifyStart,
@@ -51,6 +52,8 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic.policy import Policy
 
 T = TypeVar("T")
+In = TypeVar("In")
+Out = TypeVar("Out")
 
 # Until the policy is loaded (its own activity), the defaults of the policy apply.
 READ_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=20),
@@ -261,8 +264,7 @@ class Runbook:
         """The worker's policy (a local activity: no round trip through the task queue), shadow mode
         when it says so, and the run's search attributes."""
         self.enter("load policy")
-        self.policy = Policy.model_validate(await workflow.execute_local_activity(
-            "config.policy", result_type=Policy, start_to_close_timeout=timedelta(seconds=10)))
+        self.policy = Policy.model_validate(await local(refs.CONFIG_POLICY, ()))
         if self.policy.shadow.enabled_for(self.runbook) and not self.dry_run:
             self.dry_run = True
             self.decide("load policy", f"shadow mode for {self.runbook} (policy): nothing will be changed")
@@ -280,23 +282,20 @@ class Runbook:
     def call_timeout(self) -> timedelta:
         return self.policy.retries.call_timeout if self.policy else SHORT
 
-    async def call(self, step: str, activity: str, arg: Any, result_type: type[T], *,
+    async def call(self, step: str, activity: Activity[In, Out], arg: In, *,
                    timeout: timedelta | None = None, retry: RetryPolicy | None = None,
                    heartbeat: timedelta | None = None, summary: str | None = None,
-                   escalate: bool = True, spread: bool = False) -> T | None:
+                   escalate: bool = True) -> Out | None:
         """Run one activity; when its retries are exhausted, escalate and wait for an answer.
 
-        Returns None when the operator answered `skip`. `spread`: `arg` is a list of arguments.
+        Returns None when the operator answered `skip`.
         """
         while True:
             self.check_abort()
             try:
-                result: T = await workflow.execute_activity(
-                    activity, args=list(arg) if spread else [arg], result_type=result_type,
-                    start_to_close_timeout=timeout or self.call_timeout(), heartbeat_timeout=heartbeat,
-                    retry_policy=retry or self.retry("reads"),
-                    summary=summary or f"{step}: {activity}",
-                )
+                result: Out = await execute(
+                    activity, arg, start_to_close_timeout=timeout or self.call_timeout(), heartbeat_timeout=heartbeat,
+                    retry_policy=retry or self.retry("reads"), summary=summary or f"{step}: {activity.name}")
             except ActivityError as err:
                 if not escalate:
                     raise
@@ -312,10 +311,10 @@ class Runbook:
                 self.actions.append(result)
             return result
 
-    async def act(self, step: str, activity: str, arg: Any, *, timeout: timedelta | None = None,
-                  heartbeat: timedelta | None = None) -> ActionResult | None:
+    async def act(self, step: str, activity: Activity[In, ActionResult], arg: In, *,
+                  timeout: timedelta | None = None, heartbeat: timedelta | None = None) -> ActionResult | None:
         """A mutating activity: returns what it did, or would have done in shadow mode."""
-        result = await self.call(step, activity, arg, ActionResult, timeout=timeout, retry=self.retry("writes"),
+        result = await self.call(step, activity, arg, timeout=timeout, retry=self.retry("writes"),
                                  heartbeat=heartbeat)
         if result is not None:
             self.decide(step, result.summary)
@@ -368,7 +367,7 @@ class Runbook:
         while True:
             asks = not self.hears_fleet_pause() and not self.dry_run and workflow.patched("fleet-pause-asked")
             if asks:
-                fleet = await self.call(f"{step}: fleet pause", "guard.paused", self.cluster, FleetPause)
+                fleet = await self.call(f"{step}: fleet pause", refs.GUARD_PAUSED, self.cluster)
                 self.fleet_paused = fleet.paused if fleet is not None else None
             pause = self.paused or self.fleet_paused
             if pause is None:
@@ -399,7 +398,7 @@ class Runbook:
                                  message=f"{self.runbook} ({self.workflow_id}): {message}",
                                  type="Warning" if warning else "Normal", dry_run=self.dry_run)
             try:
-                await self.call("record outcome", "k8s.record_event", event, ActionResult, escalate=False)
+                await self.call("record outcome", refs.RECORD_EVENT, event, escalate=False)
             except ActivityError:
                 workflow.logger.warning("could not record the outcome Event; the history still has it")
         prefix = "shadow run: " if self.dry_run else ""
@@ -425,10 +424,10 @@ class Runbook:
     def open_thread(self, text: str) -> None:
         """Post the run's Slack message without waiting for it: Slack's latency must not delay
         taking a bad node out of service. Replies wait for it (`say`)."""
-        self.thread_task = asyncio.ensure_future(workflow.execute_activity(
-            "slack.notify_start", NotifyStart(workflow_id=self.workflow_id, runbook=self.runbook, node=self.node,
-                                              text=text, dry_run=self.dry_run),
-            result_type=NotifyResult, start_to_close_timeout=self.call_timeout(), retry_policy=NOTIFY_RETRY,
+        self.thread_task = asyncio.ensure_future(execute(
+            refs.NOTIFY_START, NotifyStart(workflow_id=self.workflow_id, runbook=self.runbook, node=self.node,
+                                           text=text, dry_run=self.dry_run),
+            start_to_close_timeout=self.call_timeout(), retry_policy=NOTIFY_RETRY,
             summary="notify: open the Slack thread"))
 
     async def say(self, text: str, mention: str | None = None) -> None:
@@ -443,13 +442,26 @@ class Runbook:
         if self.thread is None or not self.thread.delivered:
             return
         try:
-            await workflow.execute_activity(
-                "slack.notify_step", NotifyStep(channel=self.thread.channel, thread_ts=self.thread.ts, text=text,
-                                                mention=mention),
-                result_type=NotifyResult, start_to_close_timeout=self.call_timeout(), retry_policy=NOTIFY_RETRY,
+            await execute(
+                refs.NOTIFY_STEP, NotifyStep(channel=self.thread.channel, thread_ts=self.thread.ts, text=text,
+                                             mention=mention),
+                start_to_close_timeout=self.call_timeout(), retry_policy=NOTIFY_RETRY,
                 summary="notify: thread reply")
         except ActivityError:
             workflow.logger.warning("slack reply failed; continuing")
+
+
+def execute(activity: Activity[In, Out], arg: In, **options: Any) -> Awaitable[Out]:
+    """`workflow.execute_activity` of a typed activity reference (the name, its arguments, its result)."""
+    return workflow.execute_activity(activity.name, args=activity.args(arg), result_type=activity.result,
+                                     **options)
+
+
+def local(activity: Activity[In, Out], arg: In, **options: Any) -> Awaitable[Out]:
+    """A local activity (the worker's own configuration: no round trip through the task queue)."""
+    options.setdefault("start_to_close_timeout", timedelta(seconds=10))
+    return workflow.execute_local_activity(activity.name, args=activity.args(arg), result_type=activity.result,
+                                           **options)
 
 
 def bounded_retry(policy: Policy | None, kind: str = "reads") -> RetryPolicy:

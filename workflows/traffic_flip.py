@@ -20,7 +20,8 @@ from workflows.runbook import RunbookAborted
 from workflows.traffic_steps import Stopped, TrafficRunbook
 
 with workflow.unsafe.imports_passed_through():
-    from fleetmedic.models import ProviderRequest, ProviderResult, RunbookStatus
+    from fleetmedic import activity_refs as refs
+    from fleetmedic.models import ProviderRequest, RunbookStatus
     from fleetmedic.traffic import flip_needed
 
 WATCH_POLL = timedelta(seconds=2)
@@ -76,10 +77,10 @@ class TrafficFlip(TrafficRunbook):
             self.decide("pre-warm", f"external capacity {have} GPUs already covers inference's {need}")
             return
         await self.gate("pre-warm")  # rented GPUs cost money: the gate first
-        result = await self.call("pre-warm", "provider.request", ProviderRequest(
+        result = await self.call("pre-warm", refs.PROVIDER_REQUEST, ProviderRequest(
             cluster=self.cluster, node=nodes[0], action="prewarm", reason=f"inference needs {need} GPUs outside",
             idempotency_key=f"{self.workflow_id}/{workflow.info().first_execution_run_id}/prewarm",
-            dry_run=self.dry_run), ProviderResult, retry=self.retry("writes"))
+            dry_run=self.dry_run), retry=self.retry("writes"))
         if result is None or result.needs_human:
             # Waiting on a person here would leave inference without a home: flip without it.
             self.decide("pre-warm", f"{result.provider} cannot pre-warm ({result.detail}): flipping without it"

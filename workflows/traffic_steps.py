@@ -16,7 +16,7 @@ from temporalio import workflow
 from workflows.runbook import DryRunEnded, Runbook, input_error
 
 with workflow.unsafe.imports_passed_through():
-
+    from fleetmedic import activity_refs as refs
     from fleetmedic import ids
     from fleetmedic.models import Operator, RunbookStatus, Taint, TaintRequest
     from fleetmedic.traffic import TrafficInput, TrafficSnapshot
@@ -69,7 +69,7 @@ class TrafficRunbook(Runbook):
         return self.policy.traffic
 
     async def snapshot(self, step: str) -> TrafficSnapshot:
-        snap = await self.call(step, "traffic.snapshot", [], TrafficSnapshot, spread=True)
+        snap = await self.call(step, refs.TRAFFIC_SNAPSHOT, ())
         assert snap is not None, "an operator skipped the cluster read"
         return snap
 
@@ -85,16 +85,16 @@ class TrafficRunbook(Runbook):
         """Ask the other traffic runbook to stop, and wait until it has closed."""
         self.enter(f"stop {self.other}")
         other_id = ids.cluster_workflow_id(self.other, self.cluster)
-        stopped = await self.call(f"stop {self.other}", "traffic.stop_runbook",
-                                  [other_id, Operator(by=self.workflow_id, reason=f"{self.runbook} starts")], bool,
-                                  spread=True, timeout=timedelta(minutes=15), heartbeat=self.call_timeout())
+        stopped = await self.call(f"stop {self.other}", refs.STOP_RUNBOOK,
+                                  (other_id, Operator(by=self.workflow_id, reason=f"{self.runbook} starts")),
+                                  timeout=timedelta(minutes=15), heartbeat=self.call_timeout())
         if stopped:
             self.decide(f"stop {self.other}", f"{other_id} stopped: it never acts together with {self.runbook}")
 
     async def set_overflow(self, nodes: list[str], closed: bool, step: str) -> None:
         """Overflow taint on (closed: inference stays home) or off (open: it may spill out)."""
         taint = Taint.parse(self.traffic.overflow_taint)
-        activity = "k8s.add_taint" if closed else "k8s.remove_taint"
+        activity = refs.ADD_TAINT if closed else refs.REMOVE_TAINT
         for node in nodes:
             await self.act(step, activity, TaintRequest(node=node, taint=taint, dry_run=self.dry_run))
 

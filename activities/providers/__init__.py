@@ -33,10 +33,6 @@ class ProviderActivities:
         self.provider = provider
         self.force_dry_run = force_dry_run
 
-    @activity.defn(name="provider.capabilities")
-    def capabilities(self) -> list[str]:
-        return sorted(self.provider.supports)
-
     @activity.defn(name="provider.request")
     def request(self, request: ProviderRequest) -> ProviderResult:
         if self.force_dry_run and not request.dry_run:
@@ -44,4 +40,4 @@ class ProviderActivities:
         return self.provider.request(request)
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.capabilities, self.request]
+        return [self.request]
