@@ -18,7 +18,7 @@ from typing import Any
 
 from temporalio import workflow
 
-from workflows.node_steps import NodeRunbook, gpu_name
+from workflows.node_runbook import NodeRunbook, gpu_name
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic.models import RunbookStatus, SlurmNodeState, Taint

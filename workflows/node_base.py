@@ -1,0 +1,311 @@
+"""What every node runbook stands on: its state, its start, the safety gate with the policy's
+approvals, the disruption lease, and its ways out (outcome, quarantine, metrics).
+
+The stages that act on the node live in their own modules, in the order of the skeleton —
+take out (`node_take_out.py`), remediate (`node_remediate.py`), back in service
+(`node_return.py`) — and `node_runbook.py` puts them together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import MetricMeter, SearchAttributeUpdate
+from temporalio.exceptions import ActivityError
+
+from workflows.runbook import DryRunEnded, Runbook, RunbookAborted, execute, input_error, local
+
+with workflow.unsafe.imports_passed_through():
+    from fleetmedic import activity_refs as refs
+    from fleetmedic import ids
+    from fleetmedic.decisions import approval_reason
+    from fleetmedic.models import (
+        LeaseRequest,
+        NodeRunbookInput,
+        NodeTarget,
+        OptOut,
+        RunbookStatus,
+        RunContext,
+        Taint,
+        TaintRequest,
+    )
+    from fleetmedic.policy import Policy
+    from fleetmedic.trust import node_name_error
+
+POLL = timedelta(seconds=2)
+# A fault confirmed before a lease that took longer than this to come is confirmed again.
+RECHECK_AFTER = timedelta(minutes=1)
+
+
+async def _nothing() -> None:
+    return None
+
+
+class Rejected(RunbookAborted):
+    """An operator rejected a step that needed approval."""
+
+
+class NothingToDo(Exception):
+    """The fault went away before anything was changed (a GPU cooled down): the run ends there."""
+
+    def __init__(self, outcome: str, reason: str) -> None:
+        super().__init__(reason)
+        self.outcome, self.reason = outcome, reason
+
+
+class OptedOut(Exception):
+    def __init__(self, step: str, reasons: list[str]) -> None:
+        super().__init__(f"opted out before {step}: {'; '.join(reasons)}")
+        self.step, self.reasons = step, reasons
+
+
+class NodeRunbookBase(Runbook):
+    """A runbook about one node: its state, the gate, the lease and the ways out."""
+
+    context: RunContext
+    mutated = False  # any destructive step done (or, in shadow mode, would have been)
+    out_since: datetime | None = None  # when the node left service (Slurm DOWN/DRAIN and cordon)
+    back_at: datetime | None = None  # when it returned
+    node_gpus = 0
+    lease_held = False
+    # Pods still on the node past the eviction deadline that the run went on without (drain.on_blocked).
+    left_past_pdb: tuple[str, ...] = ()
+
+    # --- start ----------------------------------------------------------------------------------
+
+    def _init_run(self, raw: dict[str, Any]) -> NodeRunbookInput:
+        """State from the start input. The input arrives as plain JSON (the UI's Start Workflow form,
+        the CLI, the webhook) and is validated here, so a bad one fails the run with the reason
+        instead of a stuck workflow task."""
+        self.invalid = input_error(raw, NodeRunbookInput)
+        if self.invalid is None:
+            # The node name reaches the Kubernetes API, Slurm and visibility queries: the same rule
+            # as the webhook's (fleetmedic/trust.py), whoever started the run.
+            self.invalid = node_name_error(str(raw.get("node", "")))
+        input = NodeRunbookInput.model_validate(raw) if self.invalid is None else NodeRunbookInput(
+            cluster=str(raw.get("cluster") or "?"), node=str(raw.get("node") or "?"))
+        self._init_state(input.cluster, input.node, workflow.info().workflow_id, input.dry_run)
+        self.input = input
+        if input.alert is not None:
+            self.remember_alert(input.alert)
+        return input
+
+    async def run_to_outcome(self, body: Callable[[], Awaitable[Any]]) -> RunbookStatus:
+        """Run the runbook's body; every way out (done, opted out, rejected, aborted) records an
+        outcome and gives the lease back. Returns the run's report."""
+        self.fail_if_invalid(self.invalid)
+        try:
+            await body()
+        except NothingToDo as nothing:
+            await self.release_lease()
+            await self.record_outcome(nothing.outcome, nothing.reason)
+        except OptedOut as opted:
+            await self.stop_for_opt_out(opted)
+        except DryRunEnded as ended:
+            await self.end_dry_run(ended)
+        except Rejected as rejected:
+            if self.mutated:
+                await self.leave_quarantined(f"{self.step_name} rejected by {rejected.by}: {rejected.reason}")
+            await self.record_outcome("rejected", f"rejected by {rejected.by}: {rejected.reason}", warning=True)
+        except RunbookAborted as aborted:
+            if self.mutated:
+                await self.leave_quarantined(f"run aborted by {aborted.by}: {aborted.reason}")
+            await self.record_outcome("aborted", f"aborted by {aborted.by}: {aborted.reason}", warning=True)
+        await self.release_lease()  # every way out gives the lease back
+        return self.status()
+
+    async def stop_for_opt_out(self, opted: OptedOut) -> str:
+        assert self.policy is not None
+        text = f"opted out before {opted.step}: {'; '.join(opted.reasons)}"
+        if self.mutated:
+            # Something was already done: leave it as it is, say so, and ask a human.
+            await self.say(f":warning: {text}. Steps already taken are left in place.",
+                           mention=self.policy.escalation.slack_mention)
+        return await self.record_outcome("opted-out", text, warning=self.mutated)
+
+    async def load(self, xid: int | None = None) -> Policy:
+        self.enter("load policy")
+        # Local activities: the worker's own configuration, no round trip through the task queue.
+        policy, context = await asyncio.gather(
+            local(refs.CONFIG_POLICY, ()), local(refs.CONFIG_CONTEXT, ()))
+        self.policy, self.context = Policy.model_validate(policy), RunContext.model_validate(context)
+        served = self.policy.routing.served_clusters
+        # Patched: runs recorded before the check existed replay without it.
+        if self.cluster not in served and workflow.patched("served-cluster-check"):
+            # Each cluster has its own fleet guard: a run for a cluster this deployment does not
+            # serve would create a guard of its own and bypass every budget.
+            raise NothingToDo("invalid-input", f"cluster {self.cluster!r} is not served by this FleetMedic "
+                                               f"(configured: {', '.join(served)})")
+        if self.policy.shadow.enabled_for(self.runbook) and not self.dry_run:
+            self.dry_run = True
+            self.decide("load policy", f"shadow mode for {self.runbook} (policy): nothing will be changed")
+        attributes: list[SearchAttributeUpdate[Any]] = [
+            ids.FLEET_RUNBOOK.value_set(self.runbook), ids.FLEET_CLUSTER.value_set(self.cluster),
+            ids.FLEET_NODE.value_set(self.node), ids.FLEET_DRY_RUN.value_set(self.dry_run)]
+        if xid is not None:
+            attributes.append(ids.FLEET_XID.value_set(xid))
+        workflow.upsert_search_attributes(attributes)
+        return self.policy
+
+    def target(self, reason: str = "") -> NodeTarget:
+        return NodeTarget(node=self.node, workflow_id=self.workflow_id, reason=reason, dry_run=self.dry_run)
+
+    def taint_request(self, taint: Taint, reason: str = "") -> TaintRequest:
+        # The taint holds the node for this run like a cordon does (the same annotations).
+        return TaintRequest(node=self.node, taint=taint, dry_run=self.dry_run, workflow_id=self.workflow_id,
+                            reason=reason)
+
+    def hears_fleet_pause(self) -> bool:
+        return self.lease_held  # the guard tells lease holders (and those in line) of its pause
+
+    async def before_destructive(self, step: str) -> OptOut:
+        """The runbook base's gate with the node's opt-out: its label, or a pod's on it, read now."""
+        async def node_opt_out() -> OptOut:
+            opt_out = await self.call(f"{step}: opt-out check", refs.CHECK_OPT_OUT, self.node)
+            if opt_out is None:  # the operator skipped the check: treat as opted out, to be safe
+                return OptOut(opted_out=True, reasons=["opt-out check skipped by an operator"])
+            return opt_out
+
+        return await self.hold_before_destructive(step, node_opt_out)
+
+    async def gate(self, step: str, kinds: tuple[str, ...] = ()) -> None:
+        """The safety gate of a destructive step: pause, approval when policy asks, then the
+        opt-out, checked right now. `kinds`: the policy's names for what the step does."""
+        self.enter(step)
+        await self.approval_for(step, kinds or (step,))
+        opt_out = await self.before_destructive(step)
+        if opt_out.missing:
+            raise NothingToDo("unknown-node", f"node {self.node} does not exist in Kubernetes (before {step})")
+        if opt_out.opted_out:
+            raise OptedOut(step, opt_out.reasons)
+        self.mutated = True
+
+    async def approval_for(self, step: str, kinds: tuple[str, ...]) -> None:
+        """Wait for an `approve` Update when policy names the step, or when the fleet is already
+        past the policy's level of nodes out of service. Rejection ends the run."""
+        assert self.policy is not None
+        rules = self.policy.approvals
+        out = self.lease_answer.out_fraction if self.lease_answer else 0.0
+        why = approval_reason(rules, kinds, out)
+        if why is None or self.dry_run:
+            if why:
+                self.decide(step, f"would ask for approval: {why}")
+            return
+        self.awaiting_approval = step
+        self.approval = None
+        self.decide(step, f"waiting for approval: {why}")
+        await self.say(f":raised_hand: *{step}* of `{self.node}` needs approval ({why}): "
+                       f"`fleetmedic approve {self.workflow_id}` or `fleetmedic reject {self.workflow_id} --reason …`",
+                       mention=self.policy.escalation.slack_mention)
+        while not await self.wait(f"approval of {step}", lambda: self.approval is not None, timeout=rules.timeout):
+            if rules.on_timeout == "abort":
+                self.awaiting_approval = None
+                raise RunbookAborted("fleetmedic", f"no approval for {step} within {rules.timeout}")
+            await self.say(f":hourglass: *{step}* of `{self.node}` still waits for approval after {rules.timeout}",
+                           mention=self.policy.escalation.slack_mention)
+            self.decide(step, f"escalated: no approval within {rules.timeout}")
+        self.awaiting_approval = None
+        assert self.approval is not None
+        verdict, approval = self.approval
+        self.decide(step, f"{verdict}d by {approval.by}" + (f": {approval.reason}" if approval.reason else ""))
+        if verdict == "reject":
+            raise Rejected(approval.by, approval.reason)
+
+    # --- disruption lease -------------------------------------------------------------------------
+
+    async def take_lease(self) -> None:
+        """Ask the cluster's fleet guard (fleet-guard/<cluster>) and wait for the grant, FIFO."""
+        assert self.policy is not None
+        self.enter("take disruption lease")
+        if self.dry_run:
+            self.decide("take disruption lease", "would take a disruption lease (shadow runs hold none)")
+            return
+        skipped = self.skipped
+        node = await self.call("take disruption lease", refs.GET_NODE, self.node)
+        if node is None and self.skipped == skipped:
+            raise NothingToDo("unknown-node", f"node {self.node} does not exist in Kubernetes: nothing to remediate")
+        label = self.policy.budget.topology_label
+        domain = node.labels.get(label, "") if node and label else ""
+        request = LeaseRequest(workflow_id=self.workflow_id, node=self.node, domain=domain)
+        await self.call("take disruption lease", refs.GUARD_REQUEST, (self.cluster, request))
+        self.lease_held = True  # from here on, every way out releases it
+        timeout = self.policy.budget.lease_timeout if workflow.patched("lease-wait-escalates") else None
+        while not await self.wait("lease from the fleet guard",
+                                  lambda: self.lease_answer is not None and self.lease_answer.granted, timeout=timeout):
+            # Still in line (the budget is in use, the fleet paused, or the guard cannot count the
+            # fleet): a person decides — wait again, go on without the lease, or abort.
+            told = self.lease_answer
+            where = f"position {told.position}, {told.reason}" if told else "no answer from the guard"
+            answer = await self.escalate("take disruption lease", f"no disruption lease from fleet-guard/"
+                                                                  f"{self.cluster} within {timeout} ({where})")
+            if answer.action == "abort":
+                raise RunbookAborted(answer.by, answer.reason or "no disruption lease")
+            if answer.action == "skip":
+                self.decide("take disruption lease", f"{answer.by} overrode the disruption budget: going on "
+                                                     "without a lease")
+                return
+        self.decide("take disruption lease", f"granted by fleet-guard/{self.cluster}"
+                    + (f" (domain {domain})" if domain else ""))
+
+    async def release_lease(self) -> None:
+        """Never waits for anything but the signal itself: releasing is a recovery step."""
+        if not self.lease_held:
+            return
+        self.enter("release disruption lease")
+        try:
+            await execute(refs.GUARD_RELEASE, (self.cluster, self.workflow_id),
+                          start_to_close_timeout=self.call_timeout(), retry_policy=self.retry(),
+                          summary="release disruption lease")
+            self.lease_held = False
+            self.decide("release disruption lease", "released")
+        except ActivityError:
+            # The guard reclaims a closed run's lease by itself; say so rather than block.
+            self.decide("release disruption lease", "could not signal the guard; it reclaims the lease when this "
+                                                    "run closes")
+
+    # --- ways out, shared by every stage ---------------------------------------------------------
+
+    def idempotency_key(self, action: str) -> str:
+        return f"{self.workflow_id}/{workflow.info().first_execution_run_id}/{action}"
+
+    async def request_quota_sync(self, step: str) -> None:
+        """The node's GPUs left or rejoined the fleet: Kueue's quotas follow (kueue-quota-sync).
+        Never holds the runbook up: the Schedule catches up if this cannot start it."""
+        assert self.policy is not None
+        if self.dry_run or not self.policy.kueue.enabled or not workflow.patched("kueue-sync-on-node-change"):
+            return
+        try:
+            await execute(refs.REQUEST_QUOTA_SYNC, self.cluster, start_to_close_timeout=self.call_timeout(),
+                          retry_policy=self.retry(), summary=f"{step}: sync Kueue quotas")
+            self.decide(step, f"Kueue quota sync asked (kueue-quota-sync/{self.cluster})")
+        except ActivityError:
+            self.decide(step, "could not start the Kueue quota sync; its schedule catches up")
+
+    async def leave_quarantined(self, why: str) -> None:
+        """The node stays out, and says why: never cordoned without an open run or an annotation."""
+        assert self.policy is not None
+        self.enter("leave quarantined")
+        await self.act("leave quarantined", refs.ANNOTATE_QUARANTINE, self.target(f"fleetmedic: {why} "
+                                                                                   f"({self.workflow_id})"))
+        await self.say(f":warning: `{self.node}` stays out of service: {why}",
+                       mention=self.policy.escalation.slack_mention)
+
+    def record_metrics(self, outcome: str) -> MetricMeter:
+        """Also time to repair and GPU-hours lost."""
+        meter = super().record_metrics(outcome)
+        meter.create_histogram_timedelta("fleetmedic_time_to_repair", "alert to outcome").record(
+            workflow.now() - workflow.info().start_time)
+        if self.out_since is not None and not self.dry_run:
+            out_for = ((self.back_at or workflow.now()) - self.out_since).total_seconds()
+            meter.create_histogram_float("fleetmedic_gpu_hours_lost", "GPU-hours out of service per run",
+                                         "h").record(self.node_gpus * out_for / 3600)
+        return meter
+
+
+
+def gpu_name(gpu: int | None) -> str:
+    return "?" if gpu is None else str(gpu)

@@ -1,0 +1,125 @@
+"""Back in service, the second half of the skeleton: wait for Ready and validate → return to
+service → release the lease → confirm the jobs resumed → record the outcome."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from temporalio import workflow
+
+from workflows.node_base import POLL, NodeRunbookBase
+
+with workflow.unsafe.imports_passed_through():
+    from fleetmedic import activity_refs as refs
+    from fleetmedic.models import (
+        NodeInfo,
+        SetSlurmNodeState,
+        SlurmJob,
+        SlurmNodeState,
+        Taint,
+        Validate,
+        WaitNodeReady,
+    )
+
+
+class ReturnSteps(NodeRunbookBase):
+    """Ready, validated, returned, jobs resumed."""
+
+    async def return_when_healthy(self, jobs: list[SlurmJob], requested_at: datetime, summary: str, *,
+                                  rejoined: bool = True, taint: Taint | None = None) -> str:
+        """Wait for Ready and validate → return to service → release the lease → confirm the jobs
+        resumed → record the outcome. A node that does not come back healthy stays quarantined."""
+        if not await self.wait_back_and_validate(requested_at, self.node_gpus or None, rejoined=rejoined):
+            await self.leave_quarantined(f"not back in service after {summary}: see {self.workflow_id}")
+            await self.release_lease()
+            return await self.record_outcome("quarantined", f"node {self.node} did not come back healthy; "
+                                                            "left out of service", warning=True)
+        await self.return_to_service(resume_slurm=True, taint=taint)
+        await self.release_lease()
+        stuck = await self.confirm_jobs_resumed(jobs)
+        summary += "; node back in service"
+        if jobs:
+            summary += f"; {len(jobs) - len(stuck)}/{len(jobs)} job(s) resumed"
+        if self.left_past_pdb:
+            summary += (f" ({len(self.left_past_pdb)} pod(s) left on the node past their PodDisruptionBudget: "
+                        f"{', '.join(self.left_past_pdb)})")
+        return await self.record_outcome("remediated", summary, warning=bool(stuck or self.left_past_pdb))
+
+    # --- back in service ----------------------------------------------------------------------
+
+    async def wait_back_and_validate(self, requested_at: datetime, expected_gpus: int | None,
+                                     rejoined: bool = True) -> bool:
+        """Durable wait for the node to be Ready, then the agent's verdict.
+
+        `rejoined`: the node was replaced or rebooted, so only a Ready transition after
+        `requested_at` counts (the old Ready status is stale). An in-place GPU reset keeps the
+        node Ready; there the agent's validation (no XID since the reset) is the proof.
+        """
+        assert self.policy is not None
+        self.enter("wait for node Ready")
+        if self.dry_run:
+            self.decide("wait for node Ready", "would wait for the node to come back Ready and validate it")
+            return True
+        deadline = workflow.now() + self.policy.grace.node_ready_deadline
+        since = requested_at.replace(microsecond=0)  # Ready transitions have second precision
+        back: NodeInfo | None = None
+        while back is None and workflow.now() < deadline:
+            self.waiting_for = f"node {self.node} Ready after {requested_at.isoformat()} (until {deadline.isoformat()})"
+            window = min(deadline - workflow.now(), timedelta(minutes=5))
+            back = await self.call(
+                "wait for node Ready", refs.WAIT_NODE_READY,
+                WaitNodeReady(node=self.node, since=since if rejoined and not self.replaced_signal else None,
+                              timeout_s=max(window.total_seconds(), 1)),
+                timeout=window + self.call_timeout(), heartbeat=self.call_timeout(),
+                summary="wait for node Ready: watch")
+            self.check_abort()
+        if back is None:
+            self.decide("wait for node Ready", f"node {self.node} did not come back Ready within "
+                                               f"{self.policy.grace.node_ready_deadline}")
+            return False
+        self.decide("wait for node Ready", f"node {self.node} Ready since {back.ready_since}")
+        self.enter("validate")
+        verdict = await self.call("validate", refs.AGENT_VALIDATE,
+                                  Validate(node=self.node, since=requested_at, expected_gpus=expected_gpus))
+        if verdict is None or not verdict.available:
+            self.decide("validate", "skipped: " + (verdict.detail if verdict else "skipped by an operator"))
+            return True
+        failed = [f"{c.name}={c.value}" for c in verdict.checks if not c.passed]
+        self.decide("validate", "passed" if verdict.passed else f"failed: {', '.join(failed)}")
+        return verdict.passed
+
+    async def return_to_service(self, resume_slurm: bool, taint: Taint | None = None) -> None:
+        """Recovery steps: never gated by a pause or a lease (a paused fleet must still heal)."""
+        self.enter("return to service")
+        self.back_at = workflow.now()
+        if taint is not None:
+            await self.act("return to service", refs.REMOVE_TAINT, self.taint_request(taint))
+        await self.act("return to service", refs.UNCORDON, self.target())
+        if resume_slurm and self.context.slurm_enabled:
+            await self.act("return to service", refs.SET_SLURM_STATE,
+                           SetSlurmNodeState(node=self.node, state=SlurmNodeState.RESUME, dry_run=self.dry_run))
+        await self.request_quota_sync("return to service")
+
+    async def confirm_jobs_resumed(self, jobs: list[SlurmJob]) -> list[int]:
+        """The requeued jobs run again (RUNNING, restart count up). Returns those that did not."""
+        assert self.policy is not None
+        self.enter("confirm jobs resumed")
+        if self.dry_run or not jobs:
+            return []
+        deadline = workflow.now() + self.policy.grace.job_resume_deadline
+        pending = {j.job_id: j for j in jobs if j.requeue}
+        while pending and workflow.now() < deadline:
+            for job_id, before in list(pending.items()):
+                job = await self.call("confirm jobs resumed", refs.GET_JOB, job_id)
+                if job is not None and job.state == "RUNNING" and job.restart_count > before.restart_count:
+                    self.decide("confirm jobs resumed", f"job {job_id} runs again on {', '.join(job.nodes)} "
+                                                        f"(restart {job.restart_count})")
+                    del pending[job_id]
+            if pending:
+                self.waiting_for = f"job(s) {sorted(pending)} running again"
+                await workflow.sleep(POLL, summary="confirm jobs resumed: poll")
+        for job_id in pending:
+            self.decide("confirm jobs resumed", f"job {job_id} did not run again within "
+                                                f"{self.policy.grace.job_resume_deadline}")
+        return sorted(pending)
+
