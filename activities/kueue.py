@@ -11,12 +11,15 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 from temporalio import activity
+from temporalio.client import Client
 
 from activities.errors import fail, reread_on_conflict
 from activities.kubernetes import KubernetesActivities, api_errors, node_info
+from activities.start import start_or_attach
 from fleetmedic.errors import ErrorKind
+from fleetmedic.ids import cluster_workflow_id, start_attributes
 from fleetmedic.models import ActionResult
-from fleetmedic.quota import Flavor, KueueSnapshot, Queue, QuotaSlot, QuotaUpdate
+from fleetmedic.quota import Flavor, KueueSnapshot, Queue, QuotaSlot, QuotaSyncInput, QuotaUpdate
 
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta1"
 
@@ -136,3 +139,24 @@ def assigned_gpus(workload: dict[str, Any], gpu: str) -> list[tuple[str, int]]:
     assignments = ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
     return [((a.get("flavors") or {}).get(gpu, ""), int(parse_quantity(str((a.get("resourceUsage") or {})[gpu]))))
             for a in assignments if gpu in (a.get("resourceUsage") or {})]
+
+
+class KueueTrigger:
+    """Starts (or nudges) kueue-quota-sync/<cluster> when a node runbook takes a node out or back."""
+
+    def __init__(self, client: Client, task_queue: str) -> None:
+        self.client = client
+        self.task_queue = task_queue
+
+    @activity.defn(name="kueue.request_sync")
+    async def request_quota_sync(self, cluster: str) -> None:
+        """A node left or returned: start kueue-quota-sync/<cluster>, or tell the running one to
+        make another pass."""
+        workflow_id = cluster_workflow_id("kueue-quota-sync", cluster)
+        await start_or_attach(self.client, "kueue-quota-sync", QuotaSyncInput(cluster=cluster,
+                                                                              requested_by="node runbook"),
+                              workflow_id=workflow_id, task_queue=self.task_queue, signal="sync",
+                              search_attributes=start_attributes("kueue-quota-sync", cluster))
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [self.request_quota_sync]

@@ -4,6 +4,7 @@ batch of inference pods and waiting until their replacements are Ready at home."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -13,10 +14,12 @@ import httpx
 from kubernetes import client
 from kubernetes.utils import parse_quantity
 from temporalio import activity
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kubernetes import KubernetesActivities, api_errors
 from activities.kueue import KueueActivities, admitted, assigned_gpus
-from fleetmedic.models import EvictionReport, PodProblem, Taint
+from fleetmedic.models import EvictionReport, Operator, PodProblem, Taint
 from fleetmedic.policy import TrafficPolicy
 from fleetmedic.selectors import label_selector_matches
 from fleetmedic.traffic import (
@@ -195,3 +198,29 @@ class TrafficActivities:
     def activities(self) -> list[Callable[..., Any]]:
         return [self.snapshot, self.evict, self.wait_home, self.slo]
 
+
+class TrafficHandoff:
+    """traffic-flip and migrate-back never act together: each stops the other first."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    @activity.defn(name="traffic.stop_runbook")
+    async def stop_runbook(self, workflow_id: str, operator: Operator) -> bool:
+        """Signal `stop` to a running traffic runbook and wait until it has closed. False: none ran."""
+        handle = self.client.get_workflow_handle(workflow_id)
+        try:
+            await handle.signal("stop", operator)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        while True:
+            description = await handle.describe()
+            if description.status != WorkflowExecutionStatus.RUNNING:
+                return True
+            activity.heartbeat(f"waiting for {workflow_id} to stop")
+            await asyncio.sleep(0.5)
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [self.stop_runbook]

@@ -27,15 +27,16 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from activities.agent import AgentActivities
 from activities.config import ConfigActivities
+from activities.guard import GuardActivities
 from activities.kube_client import load_api_client
 from activities.kubernetes import KubernetesActivities
-from activities.kueue import KueueActivities
+from activities.kueue import KueueActivities, KueueTrigger
 from activities.providers import ProviderActivities, make_provider
 from activities.slack import SlackActivities
 from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
 from activities.storage import StorageActivities
 from activities.temporal import TemporalActivities
-from activities.traffic import TrafficActivities
+from activities.traffic import TrafficActivities, TrafficHandoff
 from fleetmedic.models import RunContext
 from fleetmedic.policy import Policy, load_policy
 from fleetmedic.settings import Settings
@@ -88,6 +89,9 @@ def build_activities(settings: Settings, policy: Policy, client: Client,
         SlackActivities(settings.slack_bot_token, settings.slack_channel or policy.notify.slack_channel,
                         settings.slack_api_url, shadow_channel=policy.notify.shadow_channel),
         AgentActivities(settings.agent_url, settings.agent_token, force_dry_run=dry),
+        GuardActivities(client, settings.task_queue),
+        KueueTrigger(client, settings.task_queue),
+        TrafficHandoff(client),
         TemporalActivities(client, settings.task_queue),
     ]
     return [fn for group in groups for fn in group.activities()]
