@@ -50,6 +50,13 @@ SLOW_WRITE = 'sleep 8; touch "$dir/step-$((step + 1))"'
 PARTIAL_WRITE = 'for i in $(seq 140); do printf "%0100d" 0 >> "$dir/step-$((step + 1))"; sleep 0.05; done'
 
 
+def job_on_the_node(stack: Stack, root: str, write: str = SLOW_WRITE) -> int:
+    """A checkpointing job on NODE, running; `write`: what it does on SIGTERM."""
+    job = stack.slurm.submit(SLOW_JOB.format(root=root, write=write), "-w", NODE)
+    assert job_on(stack.slurm, job) == NODE
+    return job
+
+
 def job_log(stack: Stack, root: str, job: int) -> list[str]:
     return (Path(root) / f"{job}.log").read_text().splitlines()
 
@@ -62,8 +69,7 @@ def slurm_writes(stack: Stack) -> list[str]:
 async def test_a_job_slower_than_killwait_still_checkpoints_before_the_node_goes_down(stack: Stack) -> None:
     policy = stack.policy()
     root = policy.storage.root
-    job = stack.slurm.submit(SLOW_JOB.format(root=root, write=SLOW_WRITE), "-w", NODE)
-    assert job_on(stack.slurm, job) == NODE
+    job = job_on_the_node(stack, root)
     report, handle = await stack.run(NODE, policy=policy)
     assert report.outcome == "remediated", report.decisions
     log = job_log(stack, root, job)
@@ -81,8 +87,7 @@ async def test_a_job_slower_than_killwait_still_checkpoints_before_the_node_goes
 async def test_a_half_written_checkpoint_does_not_count(stack: Stack) -> None:
     policy = stack.policy()
     root = policy.storage.root
-    job = stack.slurm.submit(SLOW_JOB.format(root=root, write=PARTIAL_WRITE), "-w", NODE)
-    assert job_on(stack.slurm, job) == NODE
+    job = job_on_the_node(stack, root, PARTIAL_WRITE)
     report, _ = await stack.run(NODE, policy=policy)
     assert report.outcome == "remediated", report.decisions
     assert (Path(root) / str(job) / "step-1").stat().st_size == 140 * 100  # written out, not truncated
@@ -110,8 +115,7 @@ async def test_an_opt_out_set_mid_run_stops_before_the_next_destructive_step(sta
     """The label lands while the job writes its checkpoint (after the cordon, before DOWN)."""
     policy = stack.policy()
     root = policy.storage.root
-    job = stack.slurm.submit(SLOW_JOB.format(root=root, write=SLOW_WRITE), "-w", NODE)
-    assert job_on(stack.slurm, job) == NODE
+    job_on_the_node(stack, root)
 
     async def opt_out_mid_run(handle: WorkflowHandle[Any, Any]) -> None:
         await status_when(handle, lambda s: s.step == "grace for checkpoints")
@@ -131,8 +135,7 @@ async def test_an_opt_out_set_mid_run_stops_before_the_next_destructive_step(sta
 async def test_a_fleet_pause_mid_run_holds_the_next_destructive_step(stack: Stack) -> None:
     policy = stack.policy()
     root = policy.storage.root
-    job = stack.slurm.submit(SLOW_JOB.format(root=root, write=SLOW_WRITE), "-w", NODE)
-    assert job_on(stack.slurm, job) == NODE
+    job_on_the_node(stack, root)
 
     async def pause_fleet_mid_run(handle: WorkflowHandle[Any, Any]) -> None:
         await status_when(handle, lambda s: s.step == "grace for checkpoints")
@@ -152,8 +155,7 @@ async def test_a_fleet_pause_mid_run_holds_the_next_destructive_step(stack: Stac
 async def test_slurm_controller_gone_mid_run_escalates_and_never_reads_as_no_jobs(stack: Stack) -> None:
     policy = stack.policy(retries={"reads": {"attempts": 2, "initial_interval": "200ms", "max_interval": "1s"}})
     root = policy.storage.root
-    job = stack.slurm.submit(SLOW_JOB.format(root=root, write=SLOW_WRITE), "-w", NODE)
-    assert job_on(stack.slurm, job) == NODE
+    job_on_the_node(stack, root)
 
     async def stop_slurmctld(handle: WorkflowHandle[Any, Any]) -> None:
         await status_when(handle, lambda s: s.step == "grace for checkpoints")
