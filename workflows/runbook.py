@@ -84,8 +84,9 @@ class DryRunEnded(Exception):
 UNCHANGED_OUTCOMES = frozenset({"unknown-node", "invalid-input", "notified", "ignored", "escalated", "recovered",
                                 "not-needed", "not-yet", "nothing-to-move"})
 
-# How often a runbook without a lease asks the fleet guard whether the fleet is still paused.
-FLEET_PAUSE_POLL = timedelta(seconds=15)
+# How often a runbook without a lease asks the fleet guard whether the fleet is still paused
+# (a long pause costs a few events a minute in its history, not a few a second).
+FLEET_PAUSE_POLL = timedelta(minutes=1)
 
 
 class Runbook:
