@@ -6,6 +6,7 @@ silently fall back to a default), and :func:`parse_policy` reports the exact fie
 
 from __future__ import annotations
 
+import difflib
 from datetime import timedelta
 from importlib import resources
 from pathlib import Path
@@ -431,7 +432,23 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         return Policy.model_validate(data)
     except ValidationError as exc:
         where, why = validation_errors(exc)[0]
+        if exc.errors()[0]["type"] == "extra_forbidden":
+            why = unknown_key_hint(where)
         raise PolicyError(source, where or "(document)", why) from None
+
+
+def unknown_key_hint(where: str) -> str:
+    """`budget.max_concurent` → "unknown key; did you mean 'max_concurrent'? valid: ..."."""
+    *parents, key = where.split(".")
+    model: Any = Policy
+    for part in parents:
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        model = field.annotation if field is not None else None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return "unknown key"
+    valid = sorted(field.alias or name for name, field in model.model_fields.items())
+    close = difflib.get_close_matches(key, valid, n=1)
+    return "unknown key" + (f"; did you mean '{close[0]}'?" if close else "") + f" (valid: {', '.join(valid)})"
 
 
 def load_policy(path: str | Path | None) -> Policy:

@@ -84,3 +84,34 @@ def test_unreachable_temporal_is_a_clear_error() -> None:
 def test_webhook_refuses_to_start_without_a_token() -> None:
     done = fleetmedic("webhook", "--port", "0", env={"PATH": "/usr/bin:/bin"})
     assert done.returncode == 2 and "FLEETMEDIC_WEBHOOK_TOKEN is not set" in done.stderr
+
+
+def test_version() -> None:
+    done = fleetmedic("--version")
+    assert done.returncode == 0 and done.stdout.startswith("fleetmedic 0.1.0"), done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", [
+    ["approve", "wf-1"], ["reject", "wf-1", "--by", "bob"], ["abort", "wf-1"], ["answer", "wf-1", "retry"],
+    ["replaced", "wf-1", "--by", "a", "--new-node", "x/y"]])
+def test_decisions_need_a_name_and_a_reason_before_anything_is_sent(command: list[str]) -> None:
+    done = fleetmedic(*command, "--address", "127.0.0.1:1", env={"PATH": "/usr/bin:/bin", "USER": ""})
+    assert done.returncode == 2 and done.stderr.count("\n") <= 3, done.stderr
+    assert "--by is required" in done.stderr or "--reason is required" in done.stderr or "--new-node" in done.stderr
+
+
+@pytest.mark.parametrize("command", [["status"], ["worker"]])
+def test_an_unreachable_temporal_is_one_line_not_a_traceback(command: list[str]) -> None:
+    done = fleetmedic(*command, "--address", "127.0.0.1:1", env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 1, (done.returncode, done.stderr[-500:])
+    assert "cannot reach Temporal at 127.0.0.1:1" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    """`fleetmedic audit … | head`: the reader goes away; no BrokenPipe traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "policy", "default"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before it writes a byte
+    err = proc.stderr.read()
+    assert proc.wait(30) == 141 and "Traceback" not in err, err

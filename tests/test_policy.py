@@ -38,7 +38,9 @@ def test_default_policy_file_matches_the_models() -> None:
     ("traffic: {inference_selector: 'a=b,c=d'}", "traffic.inference_selector", "must be written key=value"),
     ("kueue: {queues: {training: {mode: half}}}", "kueue.queues.training.mode", "'all', 'share' or 'reserve'"),
     ("grace: {checkpoint: 1h, eviction_deadline: 10m}", "(document)", "grace.checkpoint must not be longer"),
-    ("unknown_section: 1", "unknown_section", "Extra inputs are not permitted"),
+    ("unknown_section: 1", "unknown_section", "unknown key (valid: approvals, budget, drain,"),
+    ("budget: {max_concurent: 3}", "budget.max_concurent", "unknown key; did you mean 'max_concurrent'?"),
+    ("grace: {checkpoint: 30m1h}", "grace.checkpoint", "largest first"),
     ("[1, 2]", "(document)", "must be a mapping"),
     ("grace: {checkpoint: [", "(document)", "not valid YAML"),
 ])
@@ -59,10 +61,14 @@ def test_catalog_overrides_keep_the_other_defaults() -> None:
 
 def test_durations_accept_units_and_seconds() -> None:
     policy = parse_policy("grace: {checkpoint: 90, eviction_deadline: 30m, node_ready_deadline: 2h}\n"
-                          "lemon: {window: 7d}")
+                          "lemon: {window: 7d}\napprovals: {timeout: 1h30m}\nbudget: {lease_timeout: 2d12h}")
     assert policy.grace.checkpoint == timedelta(seconds=90)
     assert policy.grace.node_ready_deadline == timedelta(hours=2)
     assert policy.lemon.window == timedelta(days=7)
+    # Compound, as Go, Prometheus and kubectl write them; and back the same way.
+    assert policy.approvals.timeout == timedelta(hours=1, minutes=30)
+    assert policy.budget.lease_timeout == timedelta(days=2, hours=12)
+    assert policy.model_dump(mode="json")["approvals"]["timeout"] == "1h30m"
 
 
 def test_policy_round_trips_through_json_for_workflows() -> None:

@@ -93,6 +93,35 @@ async def test_provider_failure_escalates_and_an_operator_aborts(stack: Stack) -
     assert any("@oncall" in m["text"] and "failed after its retries" in m["text"] for m in stack.slack.messages)
 
 
+async def test_the_cli_answers_an_escalation_and_run_wait_says_how_it_ended(stack: Stack) -> None:
+    """`fleetmedic answer <id> abort`, as an operator on a terminal would; and `run --wait` exits 3
+    for a run that did not do what it was started for."""
+    import subprocess
+    import sys
+
+    stack.provider.fail_next(503, times=100)
+    address = stack.client.service_client.config.target_host
+    env = {"PATH": "/usr/bin:/bin", "FLEETMEDIC_TASK_QUEUE": stack.task_queue, "FLEETMEDIC_CLUSTER": stack.cluster}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "workers.cli", *args, "--address", address], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    async def operator_answers(handle: WorkflowHandle[Any, Any]) -> None:
+        await status_when(handle, lambda s: s.escalation is not None)
+        done = await asyncio.to_thread(cli, "answer", handle.id, "abort", "--by", "alice", "--reason", "on it")
+        assert done.returncode == 0 and "answer sent by alice" in done.stdout, done.stderr
+
+    report, _ = await stack.run("gpu-node-0", during=operator_answers)
+    assert report.outcome == "aborted"
+    assert any(d.result == "alice answered abort: on it" for d in report.decisions)
+    settings = settings_for(stack.task_queue, stack.kube, slurm=stack.slurm, slack=stack.slack,
+                            provider=stack.provider)
+    async with worker_for(stack.client, settings, stack.policy()):
+        done = await asyncio.to_thread(cli, "run", "xid-recovery", "--node", "no-such-node", "--xid", "79", "--wait")
+    assert done.returncode == 3 and "outcome: unknown-node" in done.stdout, done.stdout + done.stderr
+
+
 async def test_provider_failure_then_retry_continues(stack: Stack) -> None:
     stack.provider.fail_next(500, times=5)  # exactly the retry budget of a write
 

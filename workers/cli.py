@@ -20,17 +20,39 @@ from temporalio.service import RPCError
 
 from activities.start import start_or_attach
 from fleetmedic.ids import NODE_RUNBOOKS, cluster_workflow_id, guard_workflow_id, node_workflow_id, start_attributes
-from fleetmedic.models import Approval, GuardState, NodeRunbookInput, Operator, RunbookStatus
+from fleetmedic.models import (
+    Approval,
+    EscalationAnswer,
+    GuardState,
+    NodeRunbookInput,
+    Operator,
+    Replaced,
+    RunbookStatus,
+)
 from fleetmedic.policy import PolicyError, load_policy
 from fleetmedic.quota import QuotaSyncInput
 from fleetmedic.settings import Settings, SettingsError
 from fleetmedic.traffic import TrafficInput
 from fleetmedic.trust import UntrustedValue, checked_node, cluster_name_error, visibility_literal
+from workers.temporal_client import TemporalUnreachable
+
+# `run --wait` exits 3 with these: the run ended without doing what it was started for.
+UNSUCCESSFUL = frozenset({"aborted", "rejected", "quarantined", "stopped", "invalid-input", "unknown-node"})
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fleetmedic")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fleetmedic", description="GPU fleet remediation runbooks on Temporal.")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--version", action="version", version=f"fleetmedic {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     dev = sub.add_parser("dev", help="the embedded local stack: Temporal dev server + UI, worker, emulated fleet")
@@ -80,6 +102,18 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("--by", default=os.environ.get("USER", ""), help="who approves (required)")
         command.add_argument("--reason", default="")
         answers.append(command)
+    answer = sub.add_parser("answer", help="answer a runbook's escalation: retry the step, skip it, or abort the run")
+    answer.add_argument("workflow_id")
+    answer.add_argument("action", choices=("retry", "skip", "abort"))
+    abort = sub.add_parser("abort", help="abort a runbook (it leaves what it changed in place, and says so)")
+    abort.add_argument("workflow_id")
+    replaced = sub.add_parser("replaced", help="tell a runbook that a person replaced or repaired its node")
+    replaced.add_argument("workflow_id")
+    replaced.add_argument("--new-node", help="the replacement's node name, when it came back under another one")
+    for command in (answer, abort, replaced):
+        command.add_argument("--by", default=os.environ.get("USER", ""), help="who (required; recorded everywhere)")
+        command.add_argument("--reason", default="")
+        answers.append(command)
     sub.add_parser("status", help="open runbooks: node, step, what each waits for")
     audit = sub.add_parser("audit", help="the timeline of one run, from its Temporal history")
     audit.add_argument("workflow_id")
@@ -107,6 +141,15 @@ def main(argv: list[str] | None = None) -> int:
             args.node = checked_node(args.node)
         except UntrustedValue as exc:
             cli.error(f"run {args.runbook}: --node: {exc}")
+    if args.command in ("approve", "reject", "answer", "abort", "replaced") and not args.by.strip():
+        cli.error(f"{args.command}: --by is required (who decides; it is recorded in the run's history)")
+    if args.command == "reject" and not args.reason.strip():
+        cli.error("reject: --reason is required (the run ends; say why)")
+    if getattr(args, "new_node", None):
+        try:
+            args.new_node = checked_node(args.new_node)
+        except UntrustedValue as exc:
+            cli.error(f"replaced: --new-node: {exc}")
     if getattr(args, "cluster", None) and (error := cluster_name_error(args.cluster)):
         cli.error(f"--cluster: {error}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -153,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     except RPCError as exc:
         print(f"fleetmedic: Temporal: {exc.message}", file=sys.stderr)
         return 1
+    except TemporalUnreachable as exc:
+        print(f"fleetmedic {args.command}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 
@@ -179,11 +225,7 @@ def policy_command(args: argparse.Namespace) -> int:
 async def client_command(args: argparse.Namespace, settings: Settings) -> int:
     from workers.temporal_client import connect
 
-    try:
-        client = await connect()
-    except RuntimeError as exc:
-        print(f"fleetmedic: cannot reach Temporal: {exc}", file=sys.stderr)
-        return 1
+    client = await connect()
     if args.command == "run":
         return await run_command(client, args, settings)
     if args.command == "status":
@@ -200,6 +242,8 @@ async def client_command(args: argparse.Namespace, settings: Settings) -> int:
             return 2
         print(answer)
         return 0
+    if args.command in ("answer", "abort", "replaced"):
+        return await signal_command(client, args)
     if args.command == "audit":
         from workers.audit import audit_command
 
@@ -234,6 +278,28 @@ async def run_command(client: Client, args: argparse.Namespace, settings: Settin
         traffic = args.runbook in ("traffic-flip", "migrate-back")
         why = report.decisions[-1].result if traffic and report.decisions else ""
         print(f"outcome: {report.outcome}" + (f": {why}" if why else ""))
+        if report.outcome in UNSUCCESSFUL:
+            return 3
+    return 0
+
+
+async def signal_command(client: Client, args: argparse.Namespace) -> int:
+    """`answer`, `abort`, `replaced`: the runbook's signals, as the UI sends them."""
+    handle = client.get_workflow_handle(args.workflow_id)
+    arg: BaseModel
+    if args.command == "answer":
+        arg = EscalationAnswer(action=args.action, by=args.by, reason=args.reason)
+        status = await handle.query("status", result_type=RunbookStatus, rpc_timeout=timedelta(seconds=5))
+        if status.escalation is None:
+            print(f"fleetmedic answer: {args.workflow_id} is not waiting for an answer (step: {status.step})",
+                  file=sys.stderr)
+            return 2
+    elif args.command == "abort":
+        arg = Operator(by=args.by, reason=args.reason)
+    else:
+        arg = Replaced(by=args.by, new_node=args.new_node, reason=args.reason)
+    await handle.signal(args.command, arg)
+    print(f"{args.workflow_id}: {args.command} sent by {args.by}")
     return 0
 
 
@@ -302,9 +368,14 @@ def load_dev_stack() -> tuple[Any, Any]:
 def entry() -> None:
     """The console script. Ends with os._exit: the Temporal client's Rust threads can abort the
     interpreter's finalization of a short-lived process (temporalio/sdk-python#300), which would
-    turn a successful command into a SIGABRT."""
-    code = main()
-    sys.stdout.flush()
+    turn a successful command into a SIGABRT. A closed pipe (`fleetmedic audit … | head`) ends it
+    quietly, as it ends any Unix command."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141  # 128 + SIGPIPE, what a shell reports for a command whose reader went away
     sys.stderr.flush()
     os._exit(code)
 

@@ -28,9 +28,19 @@ def connect_config() -> dict[str, Any]:
     return config
 
 
+class TemporalUnreachable(Exception):
+    """Temporal did not answer: one line for the operator, never a transport traceback."""
+
+
 async def connect(runtime: Runtime | None = None, **overrides: Any) -> Client:
+    """The client, or TemporalUnreachable saying where it looked and what to check."""
     config = {**connect_config(), **overrides}
-    return await Client.connect(**config, data_converter=pydantic_data_converter, runtime=runtime)
+    try:
+        return await Client.connect(**config, data_converter=pydantic_data_converter, runtime=runtime)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise TemporalUnreachable(f"cannot reach Temporal at {config['target_host']} (TEMPORAL_ADDRESS or "
+                                  f"--address): is it running? ({first})") from None
 
 
 async def ensure_search_attributes(client: Client) -> list[str]:
