@@ -12,7 +12,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from devstack import fleet
 from devstack.kube_emulator import KubeEmulatorThread
-from devstack.standins import AgentStandIn
+from devstack.standins import AgentStandIn, ProviderStandIn
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.lemon import remediations, with_remediation
 from fleetmedic.models import Alert, EscalationAnswer, NodeRunbookInput, RunbookStatus
@@ -354,24 +354,46 @@ async def test_an_invalid_start_input_fails_the_run_with_the_reason(client: Clie
 
 
 async def test_run_metrics_reach_the_workers_metrics_endpoint(client: Client, task_queue: str,
-                                                               kube: KubeEmulatorThread, tmp_path: Path) -> None:
+                                                               kube: KubeEmulatorThread,
+                                                               provider_http: ProviderStandIn, tmp_path: Path) -> None:
+    """Counted where an SRE scrapes them, as Prometheus names them: a live repair and a shadow run."""
+    import re
+
     import httpx
 
+    from devstack.controllers import provider_controller
     from devstack.slurm_cluster import free_port
     from workers.temporal_client import connect
     from workers.worker import metrics_runtime
 
     port = free_port()
     metered = await connect(runtime=metrics_runtime(port), target_host=client.service_client.config.target_host)
-    kube.emulator.put(fleet.node("gpu-m"))
-    settings = settings_for(task_queue, kube)
-    async with worker_for(metered, settings, quick_policy(tmp_path)):
-        report = await metered.execute_workflow(
-            "xid-recovery", NodeRunbookInput(cluster=task_queue, node="gpu-m", gpu=1, xid=79, dry_run=True),
-            id=node_workflow_id("xid-recovery", task_queue, "gpu-m"), task_queue=task_queue,
-            result_type=RunbookStatus)
-        assert report.outcome == "dry-run"
-        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    finished = [line for line in body.splitlines() if line.startswith("fleetmedic_runbooks_finished")]
+    for name in ("gpu-m", "gpu-n"):
+        kube.emulator.put(fleet.node(name))
+    settings = settings_for(task_queue, kube, provider=provider_http)
+    policy = quick_policy(tmp_path, provider={"kind": "http", "http": {"url": provider_http.url}})
+    with provider_controller(kube, provider_http, delay_s=0.5):
+        async with worker_for(metered, settings, policy):
+            live = await metered.execute_workflow(
+                "xid-recovery", NodeRunbookInput(cluster=task_queue, node="gpu-m", gpu=1, xid=79),
+                id=node_workflow_id("xid-recovery", task_queue, "gpu-m"), task_queue=task_queue,
+                result_type=RunbookStatus)
+            shadow = await metered.execute_workflow(
+                "xid-recovery", NodeRunbookInput(cluster=task_queue, node="gpu-n", gpu=1, xid=79, dry_run=True),
+                id=node_workflow_id("xid-recovery", task_queue, "gpu-n"), task_queue=task_queue,
+                result_type=RunbookStatus)
+            body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    assert live.outcome == "remediated" and shadow.outcome == "dry-run", (live.decisions, shadow.decisions)
+    finished = [line for line in body.splitlines() if line.startswith("fleetmedic_runbooks_finished_total{")]
     assert any('outcome="dry-run"' in line and 'runbook="xid-recovery"' in line for line in finished), finished
-    assert "fleetmedic_time_to_repair" in body
+    assert any('outcome="remediated"' in line for line in finished), finished
+    # Seconds, in buckets a repair can land in; one repair timed (the shadow run repaired nothing).
+    repair = [line for line in body.splitlines() if line.startswith("fleetmedic_time_to_repair")]
+    assert any('le="1800"' in line for line in repair), repair
+    count = next(line for line in repair if line.startswith("fleetmedic_time_to_repair_count"))
+    assert count.endswith(" 1"), repair
+    seconds = float(next(line for line in repair if line.startswith("fleetmedic_time_to_repair_sum")).split()[-1])
+    assert 1 < seconds < 600, seconds  # seconds, not milliseconds
+    lost = next(line for line in body.splitlines() if line.startswith("fleetmedic_gpu_hours_lost_sum"))
+    assert float(lost.split()[-1]) > 0  # 8 GPUs out for some seconds
+    assert re.search(r"^fleetmedic_runbook_steps_total\{", body, re.M)

@@ -120,12 +120,23 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
     )
 
 
+# Buckets for what a person waits for: a repair takes minutes to hours, not the SDK's default
+# milliseconds (whose top bucket, 10 s, would put every real repair in +Inf).
+REPAIR_BUCKETS_S = [30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 28800, 86400]
+GPU_HOURS_BUCKETS = [0.1, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
 def metrics_runtime(port: int, host: str = "0.0.0.0") -> Runtime | None:
-    """The SDK's own metrics (task latency, slots, workflow outcomes) on /metrics at `host:port`."""
+    """The SDK's own metrics (task latency, slots, workflow outcomes) and the runbooks' on /metrics
+    at `host:port`, as Prometheus names them: counters end in `_total`, durations are seconds."""
     if port == 0:
         return None
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=address)))
+    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(
+        bind_address=address, counters_total_suffix=True, durations_as_seconds=True,
+        histogram_bucket_overrides={"fleetmedic_time_to_repair": REPAIR_BUCKETS_S,
+                                    "fleetmedic_traffic_migrate_back_duration": REPAIR_BUCKETS_S,
+                                    "fleetmedic_gpu_hours_lost": GPU_HOURS_BUCKETS})))
 
 
 async def run_worker(settings: Settings, policy: Policy | None = None, stop: asyncio.Event | None = None) -> None:

@@ -297,12 +297,13 @@ class NodeRunbookBase(Runbook):
     def record_metrics(self, outcome: str) -> MetricMeter:
         """Also time to repair and GPU-hours lost."""
         meter = super().record_metrics(outcome)
-        meter.create_histogram_timedelta("fleetmedic_time_to_repair", "alert to outcome").record(
-            workflow.now() - workflow.info().start_time)
-        if self.out_since is not None and not self.dry_run:
-            out_for = ((self.back_at or workflow.now()) - self.out_since).total_seconds()
-            meter.create_histogram_float("fleetmedic_gpu_hours_lost", "GPU-hours out of service per run",
-                                         "h").record(self.node_gpus * out_for / 3600)
+        if self.out_since is None or self.dry_run:
+            return meter  # a watch that touched nothing, or a shadow run: no repair to time
+        meter.create_histogram_timedelta("fleetmedic_time_to_repair", "alert to outcome of a run that took the "
+                                         "node out").record(workflow.now() - workflow.info().start_time)
+        out_for = ((self.back_at or workflow.now()) - self.out_since).total_seconds()
+        meter.create_histogram_float("fleetmedic_gpu_hours_lost", "GPU-hours out of service per run",
+                                     "h").record(self.node_gpus * out_for / 3600)
         return meter
 
 
