@@ -46,3 +46,12 @@ def start_attributes(runbook: str, cluster: str, node: str = "", xid: int | None
     if xid is not None:
         pairs.append(SearchAttributePair(FLEET_XID, xid))
     return TypedSearchAttributes(pairs)
+
+
+def run_summary(runbook: str, cluster: str, node: str = "", xid: int | None = None, gpu: int | None = None,
+                why: str = "") -> str:
+    """The run's one line in the Temporal UI: `xid-recovery gpu-node-7 (XID 79, GPU 3) — alert …`."""
+    facts = ", ".join(part for part in (f"XID {xid}" if xid is not None else "",
+                                        f"GPU {gpu}" if gpu is not None else "") if part)
+    where = f"{node} in {cluster}" if node else cluster
+    return f"{runbook} {where}" + (f" ({facts})" if facts else "") + (f" — {why}" if why else "")

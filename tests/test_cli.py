@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -35,6 +36,11 @@ def test_run_needs_a_node() -> None:
     assert done.returncode == 2 and "--node" in done.stderr
 
 
+def test_a_cluster_runbook_refuses_node_options_instead_of_ignoring_them() -> None:
+    done = fleetmedic("run", "traffic-flip", "--node", "gpu-1")
+    assert done.returncode == 2 and "takes no --node" in done.stderr
+
+
 async def test_run_refuses_an_xid_recovery_without_its_xid_before_starting_anything(client: Client,
                                                                                      task_queue: str) -> None:
     address = client.service_client.config.target_host
@@ -58,6 +64,16 @@ async def test_run_starts_once_per_node_and_status_lists_it(client: Client, task
     assert first.stdout.split()[2] == second.stdout.split()[2]  # the same run: attached, not started twice
     status = fleetmedic("status", "--address", address, env=env)
     assert status.returncode == 0 and workflow_id in status.stdout, status.stdout + status.stderr
+    assert "WORKFLOW" in status.stdout and "WAITING FOR" in status.stdout  # a header
+    as_json = fleetmedic("status", "-o", "json", "--cluster", f"c-{task_queue}", "--address", address,
+                         env={**env, "FLEETMEDIC_CLUSTER": "elsewhere"})
+    assert as_json.returncode == 0, as_json.stderr
+    listed = json.loads(as_json.stdout)
+    assert listed["cluster"] == f"c-{task_queue}" and [r["workflow_id"] for r in listed["runs"]] == [workflow_id]
+    # The UI's list shows what the run is about, not "No summary available".
+    described = await client.get_workflow_handle(workflow_id).describe()
+    assert await described.static_summary() == f"xid-recovery n1 in c-{task_queue} (XID 79, GPU 3) — " \
+                                                "started by cli (shadow)"
     handle = client.get_workflow_handle(workflow_id, result_type=RunbookStatus)
     await handle.terminate("test over")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -19,7 +20,14 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from activities.start import start_or_attach
-from fleetmedic.ids import NODE_RUNBOOKS, cluster_workflow_id, guard_workflow_id, node_workflow_id, start_attributes
+from fleetmedic.ids import (
+    NODE_RUNBOOKS,
+    cluster_workflow_id,
+    guard_workflow_id,
+    node_workflow_id,
+    run_summary,
+    start_attributes,
+)
 from fleetmedic.models import (
     Approval,
     EscalationAnswer,
@@ -114,7 +122,9 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("--by", default=os.environ.get("USER", ""), help="who (required; recorded everywhere)")
         command.add_argument("--reason", default="")
         answers.append(command)
-    sub.add_parser("status", help="open runbooks: node, step, what each waits for")
+    status = sub.add_parser("status", help="open runbooks: node, step, what each waits for")
+    status.add_argument("--cluster", help="default: FLEETMEDIC_CLUSTER")
+    status.add_argument("-o", "--output", choices=("table", "json"), default="table")
     audit = sub.add_parser("audit", help="the timeline of one run, from its Temporal history")
     audit.add_argument("workflow_id")
     audit.add_argument("--format", choices=("md", "json"), default="md")
@@ -134,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     args = cli.parse_args(argv)
     if args.command == "run" and args.runbook in NODE_RUNBOOKS and not args.node:
         cli.error(f"run {args.runbook}: --node is required")
+    if args.command == "run" and args.runbook not in NODE_RUNBOOKS and (args.node or args.gpu is not None
+                                                                          or args.xid is not None):
+        cli.error(f"run {args.runbook}: a cluster runbook takes no --node, --gpu or --xid (it acts on --cluster)")
     if args.command == "run" and args.runbook == "xid-recovery" and args.xid is None:
         cli.error("run xid-recovery: --xid is required (the XID decides what the runbook does)")
     if args.command == "run" and args.runbook in NODE_RUNBOOKS:
@@ -229,7 +242,7 @@ async def client_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "run":
         return await run_command(client, args, settings)
     if args.command == "status":
-        return await status_command(client, settings)
+        return await status_command(client, args.cluster or settings.cluster, args.output)
     if args.command in ("pause", "resume"):
         return await guard_command(client, args, settings)
     if args.command in ("approve", "reject"):
@@ -267,7 +280,9 @@ async def run_command(client: Client, args: argparse.Namespace, settings: Settin
     handle = await start_or_attach(
         client, args.runbook, runbook_input, result_type=RunbookStatus, workflow_id=workflow_id,
         task_queue=settings.task_queue,
-        search_attributes=start_attributes(args.runbook, cluster, node, args.xid if node else None, args.dry_run))
+        search_attributes=start_attributes(args.runbook, cluster, node, args.xid if node else None, args.dry_run),
+        summary=run_summary(args.runbook, cluster, node, args.xid if node else None, args.gpu if node else None,
+                            f"started by {args.by}" + (" (shadow)" if args.dry_run else "")))
     print(f"{workflow_id} (run {handle.result_run_id}): started{' in shadow mode' if args.dry_run else ''}")
     if args.wait:
         report = await handle.result()
@@ -314,11 +329,18 @@ async def guard_command(client: Client, args: argparse.Namespace, settings: Sett
     return 0
 
 
-async def guard_lines(client: Client, cluster: str) -> list[str]:
+async def guard_state(client: Client, cluster: str) -> GuardState | None:
     try:
-        state = await client.get_workflow_handle(guard_workflow_id(cluster)).query(
+        state: GuardState = await client.get_workflow_handle(guard_workflow_id(cluster)).query(
             "state", result_type=GuardState, rpc_timeout=timedelta(seconds=3))
+        return state
     except RPCError:
+        return None
+
+
+async def guard_lines(client: Client, cluster: str) -> list[str]:
+    state = await guard_state(client, cluster)
+    if state is None:
         return [f"fleet-guard/{cluster}: not running (no runbook has asked for a lease yet)"]
     pause = f"PAUSED by {state.paused.by}: {state.paused.reason}" if state.paused else "not paused"
     lines = [f"fleet-guard/{cluster}: {pause}; {len(state.holders)} lease(s) held, {len(state.queue)} waiting, "
@@ -330,24 +352,37 @@ async def guard_lines(client: Client, cluster: str) -> list[str]:
     return lines
 
 
-async def status_command(client: Client, settings: Settings) -> int:
-    for line in await guard_lines(client, settings.cluster):
-        print(line)
-    query = f'FleetCluster = {visibility_literal(settings.cluster)} AND ExecutionStatus = "Running"'
-    rows = []
+async def status_command(client: Client, cluster: str, output: str = "table") -> int:
+    """The cluster's guard and its open runbooks: step, what each waits for and why."""
+    query = f'FleetCluster = {visibility_literal(cluster)} AND ExecutionStatus = "Running"'
+    runs: list[dict[str, Any]] = []
     async for execution in client.list_workflows(query):
         handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
         try:
             status = await handle.query("status", result_type=RunbookStatus, rpc_timeout=timedelta(seconds=3))
-            rows.append((execution.id, status.step, status.waiting_for or "", "paused" if status.paused else ""))
+            runs.append({"workflow_id": execution.id, "runbook": status.runbook, "node": status.node,
+                         "step": status.step, "waiting_for": status.waiting_for or "",
+                         "paused": status.paused.by if status.paused else "",
+                         "escalation": status.escalation.error if status.escalation else "",
+                         "awaiting_approval": status.awaiting_approval or "", "dry_run": status.dry_run})
         except RPCError:
-            rows.append((execution.id, "?", "(no worker answered the query)", ""))
-    if not rows:
-        print(f"no runbook is running in cluster {settings.cluster}")
+            runs.append({"workflow_id": execution.id, "step": "?", "waiting_for": "(no worker answered the query)"})
+    if output == "json":
+        guard = await guard_state(client, cluster)
+        print(json.dumps({"cluster": cluster, "guard": guard.model_dump(mode="json") if guard else None,
+                          "runs": runs}, indent=2))
         return 0
-    width = max(len(r[0]) for r in rows)
-    for workflow_id, step, waiting, paused in rows:
-        print(f"{workflow_id:<{width}}  {step:<24} {paused:<7} {waiting}")
+    for line in await guard_lines(client, cluster):
+        print(line)
+    if not runs:
+        print(f"no runbook is running in cluster {cluster}")
+        return 0
+    width = max(len("WORKFLOW"), *(len(r["workflow_id"]) for r in runs))
+    print(f"{'WORKFLOW':<{width}}  {'STEP':<24} {'PAUSED':<7} WAITING FOR")
+    for run in runs:
+        waiting = run.get("escalation") and f"an answer: {run['escalation']}" or run.get("awaiting_approval") and \
+            f"approval of {run['awaiting_approval']}" or run["waiting_for"]
+        print(f"{run['workflow_id']:<{width}}  {run['step']:<24} {run.get('paused', ''):<7} {waiting}")
     return 0
 
 

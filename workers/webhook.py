@@ -37,7 +37,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.start import start_or_attach
 from fleetmedic.errors import validation_errors
-from fleetmedic.ids import FLEET_OUTCOME, start_attributes
+from fleetmedic.ids import FLEET_OUTCOME, run_summary, start_attributes
 from fleetmedic.models import Alert, AlertAnswer, AlertmanagerPayload, RunbookStatus
 from fleetmedic.policy import Policy, RoutingPolicy
 from fleetmedic.routing import Ignored, Refused, Routed, route
@@ -202,7 +202,9 @@ class AlertReceiver:
             task_queue=self.task_queue, signal="alert", signal_args=[alert], result_type=RunbookStatus,
             search_attributes=start_attributes(decision.runbook, decision.cluster, decision.node,
                                                decision.input.xid),
-            rpc_timeout=self._rpc_timeout()))
+            rpc_timeout=self._rpc_timeout(), summary=run_summary(decision.runbook, decision.cluster, decision.node,
+                                                                 decision.input.xid, decision.input.gpu,
+                                                                 f"alert {alert.labels.get('alertname', '?')}")))
         if _started(handle):
             return self._answer(alert, decision.runbook, decision.workflow_id, "started",
                                 f"new run {handle.result_run_id}", "new_run")

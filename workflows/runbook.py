@@ -125,7 +125,7 @@ class Runbook:
 
     # --- operator handlers --------------------------------------------------------------------
 
-    @workflow.query
+    @workflow.query(description="Where the run is: step, what it waits for and why, decisions, changes made")
     def status(self) -> RunbookStatus:
         return RunbookStatus(
             runbook=self.runbook, workflow_id=self.workflow_id, cluster=self.cluster, node=self.node,
@@ -135,19 +135,19 @@ class Runbook:
             actions=[a.summary for a in self.actions],
         )
 
-    @workflow.signal
+    @workflow.signal(description='Hold before the next destructive step: {"by": "alice", "reason": "..."}')
     def pause(self, operator: Operator) -> None:
         self.paused = operator
 
-    @workflow.signal
+    @workflow.signal(description='Lift this run\'s pause: {"by": "alice"}')
     def resume(self, operator: Operator) -> None:
         self.paused = None
 
-    @workflow.signal
+    @workflow.signal(description='Abort the run; what it changed stays, annotated: {"by": "alice", "reason": "..."}')
     def abort(self, operator: Operator) -> None:
         self.abort_request = operator
 
-    @workflow.signal
+    @workflow.signal(description="Internal (the webhook): a repeated or resolved alert for this incident")
     def alert(self, alert: Alert) -> None:
         """A duplicate, repeated or resolved alert for the incident this run owns."""
         self.remember_alert(alert)
@@ -163,16 +163,16 @@ class Runbook:
         """Alerts that arrived after index `since`, less resends of an incident already seen."""
         return [a for i, a in enumerate(self.alerts) if i >= since and i not in self.alert_resends]
 
-    @workflow.signal
+    @workflow.signal(description='Answer an escalation: {"action": "retry|skip|abort", "by": "alice", "reason": "..."}')
     def answer(self, answer: EscalationAnswer) -> None:
         if self.escalation is not None:
             self.escalation_answer = answer
 
-    @workflow.signal
+    @workflow.signal(description='A person replaced or repaired the node: {"by": "alice", "new_node": null}')
     def replaced(self, replaced: Replaced) -> None:
         self.replaced_signal = replaced
 
-    @workflow.update
+    @workflow.update(description='Approve the step the run waits on: {"by": "alice", "reason": "..."}')
     def approve(self, approval: Approval) -> str:
         self.approval = ("approve", approval)
         return f"{self.awaiting_approval} approved by {approval.by}"
@@ -181,7 +181,7 @@ class Runbook:
     def _validate_approve(self, approval: Approval) -> None:
         self._validate_answer(approval, needs_reason=False)
 
-    @workflow.update
+    @workflow.update(description='Reject the step the run waits on; the run ends: {"by": "alice", "reason": "why"}')
     def reject(self, approval: Approval) -> str:
         self.approval = ("reject", approval)
         return f"{self.awaiting_approval} rejected by {approval.by}"
@@ -199,7 +199,7 @@ class Runbook:
         if self.awaiting_approval is None:
             raise ValueError("this run is not waiting for an approval")
 
-    @workflow.signal
+    @workflow.signal(description="Internal (the fleet guard): lease granted, or the place in line")
     def lease(self, answer: LeaseAnswer) -> None:
         """From the fleet guard: granted, or our place in line; and whether the fleet is paused."""
         self.lease_answer = answer

@@ -43,7 +43,8 @@ class TrafficRunbook(Runbook):
         if input.alert is not None:
             self.remember_alert(input.alert)
 
-    @workflow.signal
+    @workflow.signal(description='Stop before the next change (the other traffic runbook, or an operator): '
+                                 '{"by": "alice", "reason": "..."}')
     def stop(self, operator: Operator) -> None:
         """The other traffic runbook starts (or an operator): stop before the next change."""
         self.stop_request = operator
