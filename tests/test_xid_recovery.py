@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -226,10 +228,19 @@ async def test_approval_approve_continues_and_a_nameless_approval_is_refused(sta
         assert "an approver is required" in str(refused.value.cause)
         answer = await handle.execute_update("approve", Approval(by="erin", reason="spare on site"), result_type=str)
         assert answer == "replace approved by erin"
+        # The audit of the open run already has the decisions so far and the approval.
+        done = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "workers.cli", "audit", handle.id, "--address",
+            stack.client.service_client.config.target_host], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "| update | approve by erin |" in done.stdout and "waiting for approval: policy asks" in done.stdout
 
-    report, _ = await stack.run("gpu-node-0", policy=stack.policy(approvals={"steps": ["replace"]}), during=approve)
+    report, handle = await stack.run("gpu-node-0", policy=stack.policy(approvals={"steps": ["replace"]}),
+                                     during=approve)
     assert report.outcome == "remediated"
     assert any(d.result == "approved by erin: spare on site" for d in report.decisions)
+    audit = render_markdown(timeline(stack.client, await handle.fetch_history()))
+    assert "| update | approve by erin |" in audit and "replace approved by erin" in audit
     assert any("needs approval" in m["text"] and "@oncall" in m["text"] for m in stack.slack.messages)
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHistory
+from temporalio.service import RPCError
 
 _ENDED = (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
           EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED)
@@ -36,8 +37,9 @@ def event_time(event: HistoryEvent) -> datetime:
     return event.event_time.ToDatetime().replace(microsecond=event.event_time.nanos // 1000)
 
 
-def timeline(client: Client, history: WorkflowHistory) -> dict[str, Any]:
-    """The audit of one run as data: `entries` in time order, plus the run's own report."""
+def timeline(client: Client, history: WorkflowHistory, live_status: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The audit of one run as data: `entries` in time order, plus the run's own report (for a run
+    still open, `live_status`: its `status` query, when a worker answered it)."""
     entries: list[dict[str, Any]] = []
     scheduled: dict[int, tuple[str, str, datetime]] = {}
     report: Any = None
@@ -82,9 +84,24 @@ def timeline(client: Client, history: WorkflowHistory) -> dict[str, Any]:
             report = _decode(client, attrs.result) if attrs.result.payloads else None
             entries.append({"at": at, "kind": "completed", "what": (report or {}).get("outcome", "")
                             if isinstance(report, dict) else str(report), "detail": None})
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            attrs = event.workflow_execution_update_accepted_event_attributes
+            request = attrs.accepted_request
+            arg = _decode(client, request.input.args) if request.input.args.payloads else None
+            by = arg.get("by", "") if isinstance(arg, dict) else ""
+            entries.append({"at": at, "kind": "update", "what": request.input.name, "by": by or request.meta.identity,
+                            "detail": arg})
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED:
+            attrs = event.workflow_execution_update_completed_event_attributes
+            outcome = attrs.outcome
+            detail = (outcome.failure.message if outcome.HasField("failure") else
+                      _decode(client, outcome.success) if outcome.success.payloads else None)
+            entries.append({"at": at, "kind": "update", "what": "answered", "detail": detail})
         elif kind in _ENDED:
             entries.append({"at": at, "kind": "ended", "what": EventType.Name(kind).removeprefix("EVENT_TYPE_"),
                             "detail": None})
+    if report is None and live_status is not None:  # a run still open: its decisions so far
+        report = live_status
     if isinstance(report, dict):
         for decision in report.get("decisions", []):
             entries.append({"at": datetime.fromisoformat(decision["at"]).replace(tzinfo=None), "kind": "decision",
@@ -98,17 +115,19 @@ def render_markdown(audit: dict[str, Any]) -> str:
     lines = [f"# Audit of `{audit['workflow_id']}`", ""]
     if report:
         mode = " (shadow mode: nothing was changed)" if report.get("dry_run") else ""
-        lines += [f"- Outcome: **{report.get('outcome')}**{mode}", f"- Runbook: {report.get('runbook')}",
-                  f"- Node: {report.get('node')} in cluster {report.get('cluster')}", ""]
+        where = (f"- Node: {report.get('node')} in cluster {report.get('cluster')}" if report.get("node")
+                 else f"- Cluster: {report.get('cluster')}")
+        outcome = report.get("outcome") or f"still running, at {report.get('step')}"
+        lines += [f"- Outcome: **{outcome}**{mode}", f"- Runbook: {report.get('runbook')}", where, ""]
     lines += ["| time (UTC) | kind | what | detail |", "|---|---|---|---|"]
     for entry in audit["entries"]:
         detail = entry.get("detail")
         if entry["kind"] == "call":
             what = f"{entry['what']} ({entry['status']}, {entry['duration_ms']} ms)"
-            detail = _short(detail)
+            detail = _short(detail)  # an activity's result can be large: the JSON audit has all of it
         else:
             what = entry["what"] + (f" by {entry['by']}" if entry.get("by") else "")
-            detail = _short(detail)
+            detail = _short(detail, limit=None)  # decisions, signals, approvals: whole
         lines.append(f"| {entry['at']:%Y-%m-%d %H:%M:%S.%f}"[:-3] + f" | {entry['kind']} | {what} | {detail} |")
     if report.get("actions"):
         lines += ["", "## Changes made" + (" (would have been made)" if report.get("dry_run") else ""), ""]
@@ -116,17 +135,25 @@ def render_markdown(audit: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _short(value: Any, limit: int = 160) -> str:
+def _short(value: Any, limit: int | None = 400) -> str:
     if value is None:
         return ""
     text = value if isinstance(value, str) else json.dumps(value, default=str, separators=(",", ":"))
     text = text.replace("|", "\\|").replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
 async def audit_command(client: Client, workflow_id: str, fmt: str) -> int:
-    history = await client.get_workflow_handle(workflow_id).fetch_history()
-    audit = timeline(client, history)
+    handle = client.get_workflow_handle(workflow_id)
+    history = await handle.fetch_history()
+    live: dict[str, Any] | None = None
+    if not any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED or e.event_type in _ENDED
+               for e in history.events):
+        try:  # open: ask the run itself for its decisions so far
+            live = (await handle.query("status", rpc_timeout=timedelta(seconds=3))) or None
+        except RPCError:
+            live = None
+    audit = timeline(client, history, live)
     if fmt == "json":
         json.dump(audit, sys.stdout, default=str, indent=2)
         print()
