@@ -57,6 +57,7 @@ class DevOptions:
     nodes: int = 8
     slurm: bool = True
     webhook_port: int = 8080
+    policy: Path | None = None  # a site's policy (approvals, shadow mode …) on the dev fleet
 
 
 DEV_WEBHOOK_TOKEN = "fleetmedic-dev"  # loopback only; printed in the banner
@@ -85,6 +86,17 @@ def _wait_port(port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> No
     raise SystemExit(f"fleetmedic dev: the Temporal dev server did not listen on {port} in {timeout_s}s")
 
 
+def refuse_taken_ports(options: DevOptions) -> None:
+    """A second `fleetmedic dev` (or anything else) on these ports: say so, instead of attaching to
+    the other one's Temporal server and re-pointing its schedule."""
+    for what, port, flag in (("Temporal", options.port, "--port"), ("the Temporal UI", options.ui_port, "--ui-port"),
+                             ("the webhook", options.webhook_port, "--webhook-port")):
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                raise SystemExit(f"fleetmedic dev: port {port} ({what}) is already in use — another fleetmedic "
+                                 f"dev or Temporal server? Stop it, or choose another with {flag}")
+
+
 def start_temporal(options: DevOptions) -> subprocess.Popen[bytes]:
     options.state_dir.mkdir(parents=True, exist_ok=True)
     argv = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(options.port),
@@ -104,17 +116,28 @@ def _sa_type(name: str) -> str:
             "DATETIME": "Datetime", "KEYWORD_LIST": "KeywordList"}[name]
 
 
-def dev_policy_text(state_dir: Path, provider_url: str) -> str:
-    doc = {
-        "provider": {"kind": "http", "http": {"url": provider_url}},
-        "storage": {"root": str(state_dir / "checkpoints"), "layout": "{job_id}/*"},
+def dev_policy_text(state_dir: Path, provider_url: str, site: Path | None = None) -> str:
+    """The dev defaults, under a site's policy when one is given (`--policy`): its choices win,
+    except where the dev fleet must be reached (the provider stand-in, the checkpoint directory)."""
+    doc: dict[str, Any] = {
         "grace": {"checkpoint": "30s", "node_ready_deadline": "10m"},
         "kueue": {"enabled": True, "interval": "1m"},
     }
+    if site is not None:
+        loaded = yaml.safe_load(site.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise SystemExit(f"fleetmedic dev: --policy {site}: the top level must be a mapping")
+        for key, value in loaded.items():
+            doc[key] = {**doc.get(key, {}), **value} if isinstance(value, dict) else value
+    doc["provider"] = {"kind": "http", "http": {"url": provider_url}}
+    doc["storage"] = {**doc.get("storage", {}), "root": str(state_dir / "checkpoints"), "layout": "{job_id}/*"}
     return yaml.safe_dump(doc)
 
 
 async def run_dev(options: DevOptions) -> None:
+    refuse_taken_ports(options)
+    # The emulator's (and stand-ins') access log would drown what the runbooks say.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     state = options.state_dir
     state.mkdir(parents=True, exist_ok=True)
     (state / "checkpoints").mkdir(exist_ok=True)
@@ -141,7 +164,7 @@ async def run_dev(options: DevOptions) -> None:
         stack.enter_context(provider_controller(kube, provider, delay_s=5.0))
         stack.enter_context(replica_controller(kube, ready_delay_s=2.0))
 
-        policy_text = dev_policy_text(state, provider.url)
+        policy_text = dev_policy_text(state, provider.url, options.policy)
         (state / "policy.yaml").write_text(policy_text)
         policy = parse_policy(policy_text, str(state / "policy.yaml"))
         settings = Settings(
@@ -198,6 +221,7 @@ def start_kubernetes(stack: contextlib.ExitStack, state: Path) -> tuple[Any, str
 
 def _banner(options: DevOptions, kubeconfig: Path, kube_line: str, slurm: LocalSlurmCluster | None,
             slack: SlackStandIn, provider: ProviderStandIn, settings: Settings) -> str:
+    address = "" if options.port == 7233 else f" --address 127.0.0.1:{options.port}"  # as in the README
     slurm_line = (f"SLURM_CONF={slurm.conf} (nodes {', '.join(slurm.nodes)})" if slurm
                   else "not running (install Debian's slurmctld slurmd munge to add it)")
     return "\n".join([
@@ -212,9 +236,9 @@ def _banner(options: DevOptions, kubeconfig: Path, kube_line: str, slurm: LocalS
         f"  Worker       polling task queue '{settings.task_queue}'",
         f"  Webhook      http://127.0.0.1:{options.webhook_port}/v1/alerts/alertmanager "
         f"(Authorization: Bearer {DEV_WEBHOOK_TOKEN})",
-        "Try:  fleetmedic run xid-recovery --node gpu-node-0 --gpu 3 --xid 79 "
-        f"--address 127.0.0.1:{options.port}",
-        f"      fleetmedic run kueue-quota-sync --dry-run --wait --address 127.0.0.1:{options.port}",
+        f"Try:  .venv/bin/fleetmedic run xid-recovery --node gpu-node-0 --gpu 3 --xid 79{address}",
+        f"      .venv/bin/fleetmedic status{address}",
+        f"      .venv/bin/fleetmedic run kueue-quota-sync --dry-run --wait{address}",
         f"      (Kueue quota sync runs every minute: schedule kueue-quota-sync/{settings.cluster} in the UI)",
         "Ctrl-C stops everything.",
     ])

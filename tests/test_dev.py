@@ -46,6 +46,12 @@ async def test_dev_stack_serves_the_ui_and_a_worker(tmp_path: Path) -> None:
                                                "alertname": "FleetMedicGpuXid", "node": "gpu-node-2", "xid": "13",
                                                "gpu": "0"}}]})
         assert answer.status_code == 202 and answer.json()["alerts"][0]["action"] == "started"
+        # A second dev stack on the same ports stops at once and says why (it never attaches).
+        second = subprocess.run([sys.executable, "-m", "workers.cli", "dev", "--state-dir", str(tmp_path / "two"),
+                                 "--port", str(port), "--ui-port", str(ui_port), "--webhook-port", str(webhook_port)],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0 and f"port {port} (Temporal) is already in use" in second.stderr
+        assert not (tmp_path / "two" / "temporal.db").exists()
     finally:
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
@@ -76,3 +82,18 @@ async def _wait_for_worker(proc: subprocess.Popen[str], port: int, ui_port: int,
             pass
         await asyncio.sleep(0.5)
     raise AssertionError("the dev stack did not serve the UI with a polling worker within 60 s")
+
+
+def test_dev_runs_under_a_site_policy_but_keeps_its_own_provider(tmp_path: Path) -> None:
+    import yaml
+
+    from devstack.dev import dev_policy_text
+    from fleetmedic.policy import parse_policy
+
+    site = tmp_path / "site.yaml"
+    site.write_text("approvals: {steps: [replace]}\nprovider: {kind: cluster-api}\ngrace: {checkpoint: 10s}\n")
+    policy = parse_policy(dev_policy_text(tmp_path, "http://127.0.0.1:9", site))
+    assert policy.approvals.steps == ["replace"] and policy.grace.checkpoint.total_seconds() == 10
+    assert policy.provider.kind == "http" and policy.provider.http.url == "http://127.0.0.1:9"
+    assert policy.grace.node_ready_deadline.total_seconds() == 600  # the dev default under the site's
+    assert yaml.safe_load(dev_policy_text(tmp_path, "u"))["storage"]["root"] == str(tmp_path / "checkpoints")

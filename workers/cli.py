@@ -71,6 +71,8 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--nodes", type=int, default=8, help="emulated GPU nodes (default 8)")
     dev.add_argument("--no-slurm", action="store_true", help="do not start a local Slurm cluster")
     dev.add_argument("--webhook-port", type=int, default=8080, help="alert webhook port (default 8080)")
+    dev.add_argument("--policy", type=Path, help="a site policy to run the dev fleet under (approvals, shadow mode, "
+                                                 "budgets); the provider and storage stay the dev ones")
 
     sub.add_parser("worker", help="run the Temporal worker (runbooks and activities)")
     webhook = sub.add_parser("webhook", help="run the Alertmanager webhook receiver")
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             DevOptions, run_dev = load_dev_stack()
             asyncio.run(run_dev(DevOptions(state_dir=args.state_dir, port=args.port, ui_port=args.ui_port,
                                            nodes=args.nodes, slurm=not args.no_slurm,
-                                           webhook_port=args.webhook_port)))
+                                           webhook_port=args.webhook_port, policy=args.policy)))
             return 0
         if args.command == "worker":
             from workers.worker import run_worker
