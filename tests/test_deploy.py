@@ -41,6 +41,21 @@ def test_every_rendered_object_validates(path: str) -> None:
         assert obj["kind"] == "Namespace" or obj["metadata"].get("namespace") in ("fleetmedic", None)
 
 
+def test_the_prometheus_operator_objects_are_a_component_a_site_opts_into() -> None:
+    """The base applies on a cluster without the operator's CRDs; the example site opts in."""
+    base = render("deploy/kubernetes/base")
+    assert [o["kind"] for o in base if o["apiVersion"].startswith("monitoring.coreos.com")] == []
+    site = render("deploy/kubernetes/overlays/example")
+    kinds = sorted(o["kind"] for o in site if o["apiVersion"].startswith("monitoring.coreos.com"))
+    assert kinds == ["AlertmanagerConfig", "PrometheusRule", "ServiceMonitor", "ServiceMonitor", "ServiceMonitor"]
+    assert all(o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "fleetmedic" for o in site
+               if o["apiVersion"].startswith("monitoring.coreos.com"))
+    # The site's patch sets the variable it names, and only that one.
+    agent = find(site, "DaemonSet", "fleetmedic-agent")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["FLEETMEDIC_AGENT_EXPECTED_GPUS"] == "8" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+
+
 @pytest.mark.parametrize("path", KUSTOMIZATIONS)
 def test_no_secret_value_in_any_manifest(path: str) -> None:
     objects = render(path)
