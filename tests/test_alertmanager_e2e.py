@@ -198,6 +198,7 @@ async def test_temporal_down_is_a_503_and_the_retried_alert_starts_later(tmp_pat
 
 def test_prometheusrule_manifest_carries_the_same_rules() -> None:
     plain = yaml.safe_load((DEPLOY / "prometheus" / "fleetmedic-rules.yaml").read_text())
-    manifest = yaml.safe_load((DEPLOY / "kubernetes" / "components" / "prometheus-operator" / "prometheusrule.yaml").read_text())
+    component = DEPLOY / "kubernetes" / "components" / "prometheus-operator"
+    manifest = yaml.safe_load((component / "prometheusrule.yaml").read_text())
     assert manifest["kind"] == "PrometheusRule" and manifest["apiVersion"] == "monitoring.coreos.com/v1"
     assert manifest["spec"] == plain
