@@ -41,10 +41,6 @@ POLL = timedelta(seconds=2)
 RECHECK_AFTER = timedelta(minutes=1)
 
 
-async def _nothing() -> None:
-    return None
-
-
 class Rejected(RunbookAborted):
     """An operator rejected a step that needed approval."""
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from temporalio import workflow
 
-from workflows.node_base import POLL, RECHECK_AFTER, NodeRunbookBase, OptedOut, _nothing
+from workflows.node_base import POLL, RECHECK_AFTER, NodeRunbookBase, OptedOut
 from workflows.runbook import RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
@@ -29,6 +29,11 @@ with workflow.unsafe.imports_passed_through():
         SlurmNodeState,
         Taint,
     )
+
+
+async def _nothing() -> None:
+    """The Slurm half of a step when Slurm is not enabled on this worker (gathered beside Kubernetes)."""
+    return None
 
 
 class TakeOutSteps(NodeRunbookBase):

@@ -51,7 +51,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from fleetmedic.policy import Policy
 
-T = TypeVar("T")
 In = TypeVar("In")
 Out = TypeVar("Out")
 
