@@ -33,6 +33,11 @@ class GuardActivities:
     async def request_lease(self, cluster: str, request: LeaseRequest) -> None:
         await self.signal_guard(cluster, "request", request)
 
+    @activity.defn(name="guard.kill")
+    async def request_kill(self, cluster: str, request: LeaseRequest) -> None:
+        """Ask for a protective kill (answered by the `protective_kill` signal)."""
+        await self.signal_guard(cluster, "kill", request)
+
     @activity.defn(name="guard.release")
     async def release_lease(self, cluster: str, workflow_id: str) -> None:
         await self.signal_guard(cluster, "release", workflow_id)
@@ -51,4 +56,4 @@ class GuardActivities:
         return FleetPause(paused=state.paused)
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.request_lease, self.release_lease, self.fleet_paused]
+        return [self.request_lease, self.request_kill, self.release_lease, self.fleet_paused]

@@ -1,18 +1,95 @@
 """The Kubernetes API client FleetMedic's processes share: the worker's activities and providers,
 and the node agent (which reads only its own Node). Small on purpose: the agent imports this, not
-the activities."""
+the activities.
+
+One client per process: its connection pool is sized to the threads that use it (a pool smaller
+than the threads makes urllib3 open and drop connections under load), and every request passes
+a token bucket, so a fleet-wide incident cannot flood an API server that may itself be in trouble.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 from kubernetes import client, config
 from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from activities.errors import fail
+from fleetmedic.errors import ErrorKind
+
+# The longest a 429's Retry-After may hold the process's requests (a bad header must not stall it).
+MAX_RETRY_AFTER_S = 30.0
 
 
-def load_api_client(kubeconfig: str | None) -> ApiClient:
+class RateLimiter:
+    """A token bucket (`qps` a second, `burst` at once), shared by every thread of the process."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps, self.burst = qps, burst
+        self.tokens = float(burst)
+        self.at = time.monotonic()
+        self.hold_until = 0.0
+        self.lock = threading.Lock()
+        self.waited_s = 0.0  # time requests spent waiting for a token or a hold, for the metrics
+
+    def acquire(self, timeout_s: float) -> None:
+        """Take a token, waiting at most `timeout_s`; a request that would wait longer fails now
+        (retried by its activity's bounded policy) rather than queue without end."""
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.qps)
+            self.at = now
+            self.tokens -= 1  # reserved now: callers queue in arrival order
+            wait = max(-self.tokens / self.qps, self.hold_until - now, 0.0)
+            if wait > timeout_s:
+                self.tokens += 1
+                raise fail(ErrorKind.TIMEOUT, f"Kubernetes API rate limit: would wait {wait:.1f}s for a request "
+                                              f"slot (kube_api.qps {self.qps:g}, burst {self.burst})")
+            self.waited_s += wait
+        if wait > 0:
+            time.sleep(wait)
+
+    def back_off(self, seconds: float) -> None:
+        """The server said 429: every caller holds for `seconds` (at most MAX_RETRY_AFTER_S)."""
+        with self.lock:
+            self.hold_until = max(self.hold_until, time.monotonic() + min(max(seconds, 1.0), MAX_RETRY_AFTER_S))
+
+
+class LimitedApiClient(ApiClient):  # type: ignore[misc]  # the client is untyped
+    """An ApiClient whose every request (watches included) passes the process's rate limiter."""
+
+    def __init__(self, configuration: client.Configuration, limiter: RateLimiter, timeout_s: float) -> None:
+        super().__init__(configuration)
+        self.limiter = limiter
+        self.timeout_s = timeout_s
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        self.limiter.acquire(self.timeout_s)
+        try:
+            return super().request(*args, **kwargs)
+        except ApiException as exc:
+            if exc.status == 429:
+                self.limiter.back_off(_retry_after(exc))
+            raise
+
+
+def _retry_after(exc: ApiException) -> float:
+    try:
+        return float((exc.headers or {}).get("Retry-After", "1"))
+    except ValueError:
+        return 1.0
+
+
+def load_api_client(kubeconfig: str | None, *, pool: int = 4, qps: float = 50, burst: int = 100,
+                    timeout_s: float = 10.0) -> ApiClient:
     """In-cluster config when running in a pod, else KUBECONFIG / ~/.kube/config.
 
     urllib3's own retries are off: a timeout must surface after one `_request_timeout`, and
-    Temporal's retry policy (bounded, visible in the history) does the retrying.
+    Temporal's retry policy (bounded, visible in the history) does the retrying. `pool`: the
+    threads that share this client; `qps`/`burst`: the policy's `kube_api` rate limit.
     """
     configuration = client.Configuration()
     if kubeconfig:
@@ -23,4 +100,5 @@ def load_api_client(kubeconfig: str | None) -> ApiClient:
         except config.ConfigException:
             config.load_kube_config(client_configuration=configuration)
     configuration.retries = False
-    return ApiClient(configuration)
+    configuration.connection_pool_maxsize = pool
+    return LimitedApiClient(configuration, RateLimiter(qps, burst), timeout_s)

@@ -17,12 +17,13 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import urllib3
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 
 from activities.errors import fail, from_http_status, reread_on_conflict
+from activities.node_watch import NodeWatch
 from fleetmedic.errors import ErrorKind
 from fleetmedic.lemon import with_remediation
 from fleetmedic.models import (
@@ -117,6 +118,7 @@ class KubernetesActivities:
         self.policy = policy
         self.timeout = timeout_s
         self.force_dry_run = force_dry_run
+        self.node_watch = NodeWatch(lambda: self.core, lambda n: node_info(n, policy.labels.gpu_resource), timeout_s)
 
     @property
     def core(self) -> client.CoreV1Api:
@@ -187,55 +189,39 @@ class KubernetesActivities:
     @activity.defn(name="k8s.check_opt_out")
     def check_opt_out(self, node: str) -> OptOut:
         """The opt-out label on the node or on any pod running on it stops destructive steps."""
+        return self.look(node)[1]
+
+    def look(self, node: str) -> tuple[NodeInfo | None, OptOut]:
+        """The node and its opt-out (its label, or a label of a pod running on it), read now."""
         key, value = self.policy.labels.opt_out_pair
         reasons = []
         found = self.find_node(node)
         if found is None:
-            return OptOut(opted_out=False, missing=True, reasons=[f"node {node} does not exist"])
+            return None, OptOut(opted_out=False, missing=True, reasons=[f"node {node} does not exist"])
         labels = found.metadata.labels or {}
         if labels.get(key) == value:
             reasons.append(f"node {node} has {key}={value}")
         for pod in self.pods_on(node):
             if (pod.metadata.labels or {}).get(key) == value:
                 reasons.append(f"pod {pod.metadata.namespace}/{pod.metadata.name} has {key}={value}")
-        return OptOut(opted_out=bool(reasons), reasons=reasons)
+        return node_info(found, self.policy.labels.gpu_resource), OptOut(opted_out=bool(reasons), reasons=reasons)
 
     @activity.defn(name="k8s.wait_node_ready")
-    def wait_node_ready(self, request: WaitNodeReady) -> NodeInfo | None:
-        """Watch the node (no polling) until it is Ready again after `since`; None at the timeout.
+    async def wait_node_ready(self, request: WaitNodeReady) -> NodeInfo | None:
+        """Until the node is Ready again after `since`; None at the timeout. No thread and no
+        connection of its own: the worker's one node watch (activities/node_watch.py) wakes it.
 
-        One bounded watch per call: the runbook calls it again until its own durable deadline, so a
-        30-minute wait costs a handful of history events, not one per poll.
+        The runbook calls it again until its own durable deadline, so a 30-minute wait costs a
+        handful of history events, not one per poll.
         """
-        deadline = time.monotonic() + request.timeout_s
-
-        def back(node: client.V1Node) -> NodeInfo | None:
-            info = node_info(node, self.policy.labels.gpu_resource)
+        def back(info: NodeInfo | None) -> NodeInfo | None:  # None: a replacement has not registered yet
+            if info is None or not info.ready:
+                return None
             fresh = request.since is None or (info.ready_since is not None and info.ready_since >= request.since)
-            return info if info.ready and fresh else None
+            return info if fresh else None
 
-        while time.monotonic() < deadline:
-            current = self.find_node(request.node)  # None: a replacement has not registered yet
-            if current is not None and (found := back(current)) is not None:
-                return found
-            activity.heartbeat("waiting for Ready")
-            remaining = max(1, int(deadline - time.monotonic()))
-            version = current.metadata.resource_version if current is not None else None
-            try:
-                with api_errors(f"watch node {request.node}"):
-                    stream = watch.Watch().stream(
-                        self.core.list_node, field_selector=f"metadata.name={request.node}",
-                        resource_version=version, timeout_seconds=min(remaining, 30),
-                        _request_timeout=min(remaining, 30) + self.timeout)
-                    for event in stream:
-                        if event["type"] in ("ADDED", "MODIFIED") and back(event["object"]) is not None:
-                            return back(event["object"])
-                        activity.heartbeat("waiting for Ready")
-            except Exception as exc:  # a broken watch is retried by re-reading, within the deadline
-                if getattr(exc, "non_retryable", False):
-                    raise
-                time.sleep(1)
-        return None
+        return await self.node_watch.wait(request.node, back, request.timeout_s,
+                                          lambda: activity.heartbeat("waiting for Ready"))
 
     # --- node writes ---------------------------------------------------------------------------
 

@@ -15,13 +15,17 @@ from temporalio.common import TypedSearchAttributes, WorkflowIDConflictPolicy, W
 async def start_or_attach(client: Client, workflow: str, arg: Any, *, workflow_id: str, task_queue: str,
                           signal: str | None = None, signal_args: Sequence[Any] = (),
                           search_attributes: TypedSearchAttributes | None = None, result_type: type | None = None,
-                          rpc_timeout: timedelta | None = None, summary: str | None = None) -> WorkflowHandle[Any, Any]:
+                          rpc_timeout: timedelta | None = None, summary: str | None = None,
+                          after_closed: bool = True) -> WorkflowHandle[Any, Any]:
     """Start `workflow`, or attach to its open run; `signal` reaches the run either way
     (signal-with-start). The handle's `result_run_id` says which run it is. `summary`: the line the
-    Temporal UI shows for the run (what, where, why), instead of "No summary available"."""
+    Temporal UI shows for the run (what, where, why), instead of "No summary available".
+    `after_closed=False`: refuse (WorkflowAlreadyStartedError) when the ID has a closed run, so the
+    caller can look at it first — one round trip for the common case, a new incident."""
     return await client.start_workflow(
         workflow, arg, id=workflow_id, task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        id_reuse_policy=(WorkflowIDReusePolicy.ALLOW_DUPLICATE if after_closed
+                         else WorkflowIDReusePolicy.REJECT_DUPLICATE),
         start_signal=signal, start_signal_args=list(signal_args), search_attributes=search_attributes,
         result_type=result_type, rpc_timeout=rpc_timeout, static_summary=summary)

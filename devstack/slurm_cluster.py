@@ -42,8 +42,13 @@ class SlurmStartError(RuntimeError):
 
 class LocalSlurmCluster:
     def __init__(self, nodes: Sequence[str] = ("gpu-a", "gpu-b", "gpu-c"), *, workdir: Path | None = None,
-                 kill_wait_s: int = 5, with_rest: bool = False, cpus: int = 2) -> None:
+                 kill_wait_s: int = 5, with_rest: bool = False, cpus: int = 2,
+                 silent_nodes: Sequence[str] = ()) -> None:
         self.nodes = list(nodes)
+        # Nodes in the configuration without a slurmd (a fleet's worth, for benchmarks): their state
+        # and reason change as on any node, no job runs there, and slurmctld never marks them
+        # "Not responding" (SlurmdTimeout=0 when there are any).
+        self.silent_nodes = list(silent_nodes)
         self._own_dir = workdir is None
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="fleetmedic-slurm-"))
         self.kill_wait_s = kill_wait_s
@@ -111,11 +116,14 @@ class LocalSlurmCluster:
             "JobAcctGatherType=jobacct_gather/none",
             "SchedulerParameters=bf_interval=1,sched_interval=1",
             f"KillWait={self.kill_wait_s}", "MinJobAge=600", "JobRequeue=1",
-            "SlurmctldTimeout=10", "SlurmdTimeout=30", "InactiveLimit=0", "Waittime=0",
+            "SlurmctldTimeout=10", f"SlurmdTimeout={0 if self.silent_nodes else 30}", "InactiveLimit=0",
+            "Waittime=0",
         ]
         for name, port in self.node_ports.items():
             lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
                          f"CPUs={self.cpus} State=UNKNOWN")
+        for name in self.silent_nodes:
+            lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN")
         lines.append("PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         self.conf.write_text("\n".join(lines) + "\n")
 
@@ -181,7 +189,7 @@ class LocalSlurmCluster:
     def _all_idle(self) -> bool:
         out = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False, timeout=5).stdout.split("\n")
         states = dict(line.split() for line in out if line.strip())
-        return all(states.get(n) == "idle" for n in self.nodes)
+        return bool(states) and all(states.get(n) == "idle" for n in self.nodes)
 
     def _rest_up(self) -> bool:
         with socket.socket() as sock:
@@ -246,6 +254,13 @@ class LocalSlurmCluster:
         out = self.run("sinfo", "-h", "-n", node, "-o", "%t|%E", timeout=timeout).stdout.strip()
         state, _, reason = out.partition("|")
         return state, reason
+
+    def node_states(self, node: str, timeout: float = 15) -> set[str]:
+        """Every state and flag of `node` as scontrol gives them (`DOWN+DRAIN` → {DOWN, DRAIN}):
+        sinfo's short state shows one (`drain` for a node DOWN and DRAINed)."""
+        out = self.run("scontrol", "show", "node", "-o", node, timeout=timeout).stdout
+        state = next((f.partition("=")[2] for f in out.split() if f.startswith("State=")), "")
+        return {s.rstrip("*") for s in state.split("+") if s}
 
     def submit(self, script: str, *args: str) -> int:
         path = self.dir / f"job-{secrets.token_hex(4)}.sh"

@@ -32,6 +32,8 @@ from fleetmedic.models import (
     NotifyStep,
     Operator,
     OptOut,
+    Protection,
+    ProtectRequest,
     ProviderRequest,
     ProviderResult,
     RequeueJob,
@@ -76,6 +78,9 @@ NoArgs = tuple[()]
 CONFIG_POLICY: Activity[NoArgs, Policy] = Activity("config.policy", (), Policy)
 CONFIG_CONTEXT: Activity[NoArgs, RunContext] = Activity("config.context", (), RunContext)
 
+# --- the protective step (its own task queue: RunContext.protective_queue) -------------------------
+PROTECT_NODE: Activity[ProtectRequest, Protection] = Activity("protect.node", (ProtectRequest,), Protection)
+
 # --- Kubernetes ------------------------------------------------------------------------------------
 GET_NODE: Activity[str, NodeInfo | None] = Activity("k8s.get_node", (str,), NodeInfo | None)
 FLEET_CAPACITY: Activity[tuple[str, str | None], FleetCapacity] = Activity(
@@ -117,6 +122,7 @@ NOTIFY_STEP: Activity[NotifyStep, NotifyResult] = Activity("slack.notify_step", 
 
 # --- the fleet guard and Temporal itself -----------------------------------------------------------
 GUARD_REQUEST: Activity[tuple[str, LeaseRequest], None] = Activity("guard.request", (str, LeaseRequest), None)
+GUARD_KILL: Activity[tuple[str, LeaseRequest], None] = Activity("guard.kill", (str, LeaseRequest), None)
 GUARD_RELEASE: Activity[tuple[str, str], None] = Activity("guard.release", (str, str), None)
 GUARD_PAUSED: Activity[str, FleetPause] = Activity("guard.paused", (str,), FleetPause)
 RUNNING: Activity[list[str], list[str]] = Activity("temporal.running", (list[str],), list[str])

@@ -103,6 +103,27 @@ class OptOut(_Model):
     missing: bool = False  # the node does not exist (an alert for a node that is not in the cluster)
 
 
+class ProtectRequest(_Model):
+    """The protective step: one read of the node (its opt-out, its pods', its Slurm jobs), then, if
+    nothing opts it out, cordon (or `taint`) and Slurm DRAIN together. Reversible, kills nothing."""
+
+    node: str
+    workflow_id: str
+    reason: str
+    taint: Taint | None = None
+    slurm: bool = True
+    dry_run: bool = False
+
+
+class Protection(_Model):
+    """What the protective step read and did. `node` None: no such node (nothing was written)."""
+
+    node: NodeInfo | None = None
+    opt_out: OptOut
+    jobs: list[SlurmJob] | None = None  # None: Slurm not enabled on this worker
+    actions: list[ActionResult] = Field(default_factory=list)
+
+
 class EvictRequest(_Model):
     node: str
     deadline_s: float = Field(600, gt=0)
@@ -418,6 +439,9 @@ class RunContext(_Model):
     agent_configured: bool
     provider: str
     provider_supports: list[str] = Field(default_factory=list)
+    # The task queue of the protective step (cordon + Slurm DRAIN) on every worker: its own slots,
+    # so no backlog of other activities delays a new alert's cordon. None: the run's own queue.
+    protective_queue: str | None = None
 
 
 class AlertmanagerPayload(_Model):
@@ -476,6 +500,13 @@ class LeaseAnswer(_Model):
     out_fraction: float = 0.0  # share of GPU nodes out of service (leases included) at the grant
 
 
+class KillAnswer(_Model):
+    """The fleet guard's answer to a protective kill: now, or not before the lease (and why)."""
+
+    granted: bool
+    reason: str = ""
+
+
 class GuardState(_Model):
     """The fleet guard's whole state, carried across continue-as-new (mutable: the guard owns it)."""
 
@@ -490,6 +521,9 @@ class GuardState(_Model):
     max_held: int = 0  # the most leases ever held at once (tests and the dashboard read it)
     # Set while the Kubernetes API cannot be read: no lease is granted (fail closed) until it can.
     capacity_unknown: str | None = None
+    # Protective kills (job_lost XIDs: DOWN + requeue before the lease): asked, and granted in the last minute.
+    kill_requests: list[LeaseRequest] = Field(default_factory=list)
+    killed_recently: list[datetime] = Field(default_factory=list)
 
 
 class FleetCapacity(_Model):

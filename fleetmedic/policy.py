@@ -95,7 +95,9 @@ class XidPolicy(_Strict):
                 except (TypeError, ValueError):
                     raise ValueError(f"XID '{key}' is not a number") from None
                 if isinstance(rule, str):
-                    rule = {"action": rule, "description": merged.get(xid, {}).get("description", "")}
+                    rule = {"action": rule}
+                if isinstance(rule, dict):  # what the entry does not say keeps the built-in's
+                    rule = {**merged.get(xid, {}), **rule}
                 merged[xid] = rule
             return merged
         return value
@@ -162,6 +164,10 @@ class BudgetPolicy(_Strict):
     # A runbook that waited this long for its lease escalates (retry: wait again; skip: go on without
     # the lease, an operator's override; abort). It keeps its place in line meanwhile.
     lease_timeout: Duration = Field(default_factory=lambda: _td(hours=2))
+    # XIDs whose job is already dead (catalog `job_lost`): this many nodes a minute, fleet-wide, may
+    # go DOWN with their job requeued before their lease (the protective step). Beyond it, a storm
+    # (a broken exporter, a bad driver push) waits for leases like any other. 0: never before.
+    max_protective_kills_per_minute: int = Field(2, ge=0, le=1000)
 
 
 class DrainPolicy(_Strict):
@@ -261,6 +267,15 @@ class RetryPolicyConfig(_Strict):
     # start-to-close of one attempt of an ordinary call; a worker that dies mid-call is noticed
     # after this long. Longer steps (drain) have their own deadline and heartbeat.
     call_timeout: Duration = Field(default_factory=lambda: _td(seconds=30))
+
+
+class KubeApiPolicy(_Strict):
+    # Client-side rate limit of each FleetMedic process toward the Kubernetes API server: a token
+    # bucket of `qps` requests a second on average and `burst` at once. An incident that takes out
+    # a rack must not become a flood on an API server that may be in trouble itself; a 429 from the
+    # server holds every caller for its Retry-After. (client-go's defaults, 5/10, are for one controller.)
+    qps: float = Field(50, gt=0, le=10000)
+    burst: int = Field(100, ge=1, le=10000)
 
 
 class Route(_Strict):
@@ -394,6 +409,7 @@ class Policy(_Strict):
     escalation: EscalationPolicy = EscalationPolicy()
     notify: NotifyPolicy = NotifyPolicy()
     retries: RetryPolicyConfig = RetryPolicyConfig()
+    kube_api: KubeApiPolicy = KubeApiPolicy()
     routing: RoutingPolicy = RoutingPolicy()
     kueue: KueuePolicy = KueuePolicy()
     traffic: TrafficPolicy = TrafficPolicy()

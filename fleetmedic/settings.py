@@ -60,6 +60,8 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("FLEETMEDIC_WEBHOOK_TEMPORAL_TIMEOUT", "5",
            "webhook: seconds Temporal gets to answer an alert batch before the webhook answers 503"),
     EnvVar("FLEETMEDIC_ACTIVITY_THREADS", "64", "threads for blocking activity calls"),
+    EnvVar("FLEETMEDIC_PROTECTIVE_SLOTS", "16",
+           "protective steps (cordon + Slurm DRAIN) a worker runs at once, on their own task queue"),
     EnvVar("FLEETMEDIC_DRY_RUN", "false", "force shadow mode for every runbook of this process"),
 )
 
@@ -97,6 +99,7 @@ class Settings(BaseModel):
     metrics_host: str = "0.0.0.0"
     webhook_temporal_timeout_s: float = Field(5.0, gt=0, le=60)
     activity_threads: int = Field(64, ge=1, le=4096)
+    protective_slots: int = Field(16, ge=1, le=1024)
     dry_run: bool = False
 
     @classmethod
@@ -129,6 +132,7 @@ class Settings(BaseModel):
             "metrics_host": "FLEETMEDIC_METRICS_HOST",
             "webhook_temporal_timeout_s": "FLEETMEDIC_WEBHOOK_TEMPORAL_TIMEOUT",
             "activity_threads": "FLEETMEDIC_ACTIVITY_THREADS",
+            "protective_slots": "FLEETMEDIC_PROTECTIVE_SLOTS",
             "dry_run": "FLEETMEDIC_DRY_RUN",
         }
         values = {field: env[var] for field, var in mapping.items() if env.get(var, "") != ""}

@@ -32,6 +32,10 @@ DESTRUCTIVE_ACTIONS = frozenset({XidAction.REPLACE, XidAction.RESET_GPU})
 class XidRule(BaseModel):
     action: XidAction
     description: str = ""
+    # The XID itself already killed what ran on the GPU (the CUDA context is gone): taking the
+    # node DOWN and requeueing its job costs nothing more, so it may join the protective step
+    # before the lease (within budget.max_protective_kills_per_minute).
+    job_lost: bool = False
 
 
 class BurstRule(BaseModel):
@@ -44,7 +48,7 @@ class BurstRule(BaseModel):
 def default_catalog() -> dict[int, XidRule]:
     rule = XidRule
     catalog: dict[int, XidRule] = {
-        79: rule(action=XidAction.REPLACE, description="GPU has fallen off the bus"),
+        79: rule(action=XidAction.REPLACE, description="GPU has fallen off the bus", job_lost=True),
         74: rule(action=XidAction.NVLINK, description="NVLink error"),
         45: rule(action=XidAction.FOLLOW_LINKED, description="Preemptive cleanup, due to previous errors"),
         154: rule(action=XidAction.FOLLOW_LINKED, description="GPU recovery action changed (see NVML)"),
@@ -68,7 +72,8 @@ def default_catalog() -> dict[int, XidRule]:
         140: "Unrecovered ECC error",
         143: "GPU initialization failure",
     }.items():
-        catalog[xid] = rule(action=XidAction.RESET_GPU, description=text)
+        # A double-bit or uncontained ECC error ends every process on the GPU.
+        catalog[xid] = rule(action=XidAction.RESET_GPU, description=text, job_lost=xid in (48, 95))
     return catalog
 
 
@@ -77,6 +82,7 @@ class XidClassification(BaseModel):
     action: XidAction
     reason: str
     destructive: bool
+    job_lost: bool = False
 
 
 def classify_xid(
@@ -96,6 +102,7 @@ def classify_xid(
     bursts turn notify-class XIDs into a diagnosis and repeated reset-class XIDs into a replace.
     """
     rule = catalog.get(xid)
+    job_lost = rule.job_lost if rule is not None else False
     if rule is None:
         action, reason = unknown_action, f"XID {xid} is not in the catalog: default action '{unknown_action}'"
     else:
@@ -119,7 +126,8 @@ def classify_xid(
     elif action is XidAction.RESET_GPU and seen + 1 >= reset_repeat.count:
         action = XidAction.REPLACE
         reason += f"; repeated {seen + 1} times on this GPU within {reset_repeat.window}: replace instead"
-    return XidClassification(xid=xid, action=action, reason=reason, destructive=action in DESTRUCTIVE_ACTIONS)
+    return XidClassification(xid=xid, action=action, reason=reason, destructive=action in DESTRUCTIVE_ACTIONS,
+                             job_lost=job_lost)
 
 
 def _window(action: XidAction, application_burst: BurstRule, reset_repeat: BurstRule) -> timedelta:

@@ -32,17 +32,21 @@ DESTRUCTIVE: dict[str, Callable[[dict[str, Any]], bool]] = {
     "agent.reset_gpu": _always,
     "kueue.set_quota": _always,
 }
+GATE_READS = {"k8s.check_opt_out", "guard.paused"}
+# Protective (reversible, kills nothing: cordon or taint and Slurm DRAIN) and reading the opt-out
+# itself, right before it writes; it runs before the lease and is held by no pause (DESIGN.md,
+# "Protective first"). Not a destructive step: what it writes must be what it may.
+PROTECTIVE = {"protect.node"}
 # Reads, notifications, bookkeeping, and the recovery steps that give a node back (never held by a
 # pause: a paused fleet must still heal).
 SAFE = {
-    "agent.available", "agent.gpus", "agent.validate", "config.context", "config.policy", "guard.paused",
+    "agent.available", "agent.gpus", "agent.validate", "config.context", "config.policy", "guard.kill", "guard.paused",
     "guard.release", "guard.request", "k8s.annotate_quarantine", "k8s.check_opt_out", "k8s.fleet_capacity",
     "k8s.get_node", "k8s.record_event", "k8s.remove_taint", "k8s.uncordon_node", "k8s.wait_node_ready",
     "kueue.request_sync", "kueue.snapshot", "slack.notify_start", "slack.notify_step", "slurm.get_job",
     "slurm.jobs_on_node", "storage.newest_checkpoint", "temporal.count_remediations", "temporal.running",
-    "traffic.slo", "traffic.snapshot", "traffic.stop_runbook", "traffic.wait_home",
+    "traffic.slo", "traffic.snapshot", "traffic.stop_runbook", "traffic.wait_home", *PROTECTIVE,
 }
-GATE_READS = {"k8s.check_opt_out", "guard.paused"}
 
 
 def scheduled(history: WorkflowHistory) -> list[tuple[str, str, dict[str, Any]]]:
@@ -60,13 +64,15 @@ def scheduled(history: WorkflowHistory) -> list[tuple[str, str, dict[str, Any]]]
 
 
 def assert_gated(history: WorkflowHistory) -> set[str]:
-    """Every destructive call preceded by a gate read of its own step. Returns the destructive
-    activity types the run called, so a test can say which it expected."""
+    """Every destructive call preceded by a gate read of its own step. Returns the destructive (and
+    protective) activity types the run called, so a test can say which it expected."""
     seen: set[str] = set()
     last_gate: str | None = None
     for name, step, arg in scheduled(history):
         if name in GATE_READS:
             last_gate = step
+        elif name in PROTECTIVE:
+            seen.add(name)
         elif name in DESTRUCTIVE and DESTRUCTIVE[name](arg):
             assert last_gate == step, f"{name} ({step}) was not preceded by the gate of its step " \
                                       f"(last gate: {last_gate})"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
 from pathlib import Path
 from typing import Any
@@ -9,7 +11,6 @@ from typing import Any
 import yaml
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
-from temporalio.worker import Worker
 
 from devstack.controllers import provider_controller, set_ready
 from devstack.kube_emulator import KubeEmulatorThread
@@ -17,7 +18,7 @@ from devstack.slurm_cluster import LocalSlurmCluster
 from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.policy import Policy, parse_policy
 from fleetmedic.settings import Settings
-from workers.worker import build_worker
+from workers.worker import FleetWorker, build_worker
 
 # A job that checkpoints like a training job: on start it resumes from its newest step, and on
 # SIGTERM it writes one more step before it exits. Slurm requeues it after the node goes DOWN.
@@ -41,7 +42,8 @@ while true; do sleep 0.2; done
 
 def run_activity(fn: Any, *args: Any) -> Any:
     """Run one activity (sync or async) in Temporal's activity test context (heartbeats work)."""
-    return ActivityEnvironment().run(fn, *args)
+    result = ActivityEnvironment().run(fn, *args)
+    return asyncio.run(result) if inspect.iscoroutine(result) else result
 
 
 def quick_policy(tmp_path: Path, **overrides: Any) -> Policy:
@@ -78,7 +80,7 @@ def settings_for(task_queue: str, kube: KubeEmulatorThread, *, slurm: LocalSlurm
     return Settings.model_validate(values)
 
 
-def worker_for(client: Client, settings: Settings, policy: Policy) -> Worker:
+def worker_for(client: Client, settings: Settings, policy: Policy) -> FleetWorker:
     """A worker serving the test's own cluster (tests name their cluster after their task queue)."""
     return build_worker(client, settings, policy.serving(settings.task_queue))
 

@@ -19,7 +19,8 @@ from temporalio.client import WorkflowHandle
 
 from fleetmedic.ids import guard_workflow_id
 from fleetmedic.models import EscalationAnswer, Operator
-from tests.gate_check import assert_gated
+from fleetmedic.policy import Policy
+from tests.gate_check import assert_gated, scheduled
 from tests.harness import CHECKPOINTING_JOB, job_on
 from tests.runbook_stack import START, Stack, status_when
 from tests.test_hot_gpu_pull import hot_agent
@@ -50,6 +51,12 @@ SLOW_WRITE = 'sleep 8; touch "$dir/step-$((step + 1))"'
 PARTIAL_WRITE = 'for i in $(seq 140); do printf "%0100d" 0 >> "$dir/step-$((step + 1))"; sleep 0.05; done'
 
 
+def alive_policy(stack: Stack, **overrides: Any) -> Policy:
+    """XID 79 as if it left the job alive (catalog `job_lost` off): the job is signalled and given
+    its grace, not killed before the lease (that path: tests/test_protective_first.py)."""
+    return stack.policy(xid={"catalog": {79: {"job_lost": False}}}, **overrides)
+
+
 def job_on_the_node(stack: Stack, root: str, write: str = SLOW_WRITE) -> int:
     """A checkpointing job on NODE, running; `write`: what it does on SIGTERM."""
     job = stack.slurm.submit(SLOW_JOB.format(root=root, write=write), "-w", NODE)
@@ -67,7 +74,7 @@ def slurm_writes(stack: Stack) -> list[str]:
 
 
 async def test_a_job_slower_than_killwait_still_checkpoints_before_the_node_goes_down(stack: Stack) -> None:
-    policy = stack.policy()
+    policy = alive_policy(stack)
     root = policy.storage.root
     job = job_on_the_node(stack, root)
     report, handle = await stack.run(NODE, policy=policy)
@@ -85,7 +92,7 @@ async def test_a_job_slower_than_killwait_still_checkpoints_before_the_node_goes
 
 
 async def test_a_half_written_checkpoint_does_not_count(stack: Stack) -> None:
-    policy = stack.policy()
+    policy = alive_policy(stack)
     root = policy.storage.root
     job = job_on_the_node(stack, root, PARTIAL_WRITE)
     report, _ = await stack.run(NODE, policy=policy)
@@ -98,22 +105,25 @@ async def test_a_half_written_checkpoint_does_not_count(stack: Stack) -> None:
 async def test_every_destructive_call_passes_the_gate_of_its_step(stack: Stack, runbook: str) -> None:
     """The history of a whole remediation, with a Slurm job on the node: each destructive activity
     came right after the opt-out check of its own step."""
-    policy = stack.policy()
+    policy = alive_policy(stack)
     job = stack.slurm.submit(CHECKPOINTING_JOB.format(root=policy.storage.root), "-w", NODE)
     assert job_on(stack.slurm, job) == NODE
     with hot_agent() if runbook == "hot-gpu-pull" else nullcontext() as agent:  # it confirms the GPU is hot
         report, handle = await stack.run(NODE, runbook=runbook, policy=policy, agent=agent)
     assert report.outcome == "remediated", report.decisions
-    seen = assert_gated(await handle.fetch_history())
-    held = "k8s.add_taint" if runbook == "nvlink-fault-replace" else "k8s.cordon_node"
-    assert {"slurm.set_node_state", held, "k8s.evict_pods", "provider.request"} <= seen, seen
+    history = await handle.fetch_history()
+    seen = assert_gated(history)
+    assert {"protect.node", "slurm.set_node_state", "k8s.evict_pods", "provider.request"} <= seen, seen
+    # Protective first: the cordon (or taint) and DRAIN before the lease was even asked for.
+    names = [name for name, _, _ in scheduled(history)]
+    assert names.index("protect.node") < names.index("guard.request"), names
     if runbook == "xid-recovery":
         assert {"slurm.signal_job", "slurm.requeue_job"} <= seen, seen
 
 
 async def test_an_opt_out_set_mid_run_stops_before_the_next_destructive_step(stack: Stack) -> None:
     """The label lands while the job writes its checkpoint (after the cordon, before DOWN)."""
-    policy = stack.policy()
+    policy = alive_policy(stack)
     root = policy.storage.root
     job_on_the_node(stack, root)
 
@@ -133,7 +143,7 @@ async def test_an_opt_out_set_mid_run_stops_before_the_next_destructive_step(sta
 
 
 async def test_a_fleet_pause_mid_run_holds_the_next_destructive_step(stack: Stack) -> None:
-    policy = stack.policy()
+    policy = alive_policy(stack)
     root = policy.storage.root
     job_on_the_node(stack, root)
 
@@ -153,7 +163,7 @@ async def test_a_fleet_pause_mid_run_holds_the_next_destructive_step(stack: Stac
 
 
 async def test_slurm_controller_gone_mid_run_escalates_and_never_reads_as_no_jobs(stack: Stack) -> None:
-    policy = stack.policy(retries={"reads": {"attempts": 2, "initial_interval": "200ms", "max_interval": "1s"}})
+    policy = alive_policy(stack, retries={"reads": {"attempts": 2, "initial_interval": "200ms", "max_interval": "1s"}})
     root = policy.storage.root
     job_on_the_node(stack, root)
 

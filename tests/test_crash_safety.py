@@ -7,9 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +20,7 @@ from temporalio.client import Client
 from devstack import fleet
 from devstack.controllers import provider_controller
 from devstack.kube_emulator import KubeEmulatorThread
+from devstack.processes import FleetMedicProcess
 from devstack.slurm_cluster import LocalSlurmCluster
 from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.ids import node_workflow_id
@@ -30,35 +28,7 @@ from fleetmedic.models import NodeRunbookInput, RunbookStatus
 from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy
 
 
-class WorkerProcess:
-    """`fleetmedic worker` as its own process, so a test can SIGKILL it like a node losing power."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env, self.log = env, log
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.kills = 0
-
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "worker"], env=self.env,
-                                         stdout=out, stderr=subprocess.STDOUT)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-        self.kills += 1
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-
-def kill_when(condition: Callable[[], bool], worker: WorkerProcess, fired: threading.Event,
+def kill_when(condition: Callable[[], bool], worker: FleetMedicProcess, fired: threading.Event,
               stop: threading.Event) -> threading.Thread:
     """Kill the worker the moment `condition` first holds, then start a fresh one."""
 
@@ -95,8 +65,9 @@ async def test_worker_killed_after_each_side_effect(moment: str, client: Client,
     kube.emulator.put(fleet.pod("serve", node, namespace="inference"))
     kube.emulator.put(fleet.pod("dcgm", node, namespace="gpu-operator", owner_kind="DaemonSet"))
 
+    # XID 79 as if it left the job alive (catalog job_lost off): the job is signalled and checkpoints.
     policy = quick_policy(tmp_path, provider={"kind": "http", "http": {"url": provider_http.url}},
-                          retries={"call_timeout": "6s"})
+                          retries={"call_timeout": "6s"}, xid={"catalog": {79: {"job_lost": False}}})
     # A training job on the node: it is signalled, checkpoints, and is requeued once.
     job = slurm.submit(CHECKPOINTING_JOB.format(root=policy.storage.root), "-w", node)
     assert job_on(slurm, job) == node
@@ -148,7 +119,8 @@ async def test_worker_killed_after_each_side_effect(moment: str, client: Client,
         "event recorded": lambda: bool(kube.emulator.list("v1", "Event")),
     }
 
-    worker = WorkerProcess(env, tmp_path / "worker.log")
+    # `fleetmedic worker` as its own process, so the test can SIGKILL it like a node losing power.
+    worker = FleetMedicProcess(["worker"], env, tmp_path / "worker.log")
     worker.start()
     fired, stop = threading.Event(), threading.Event()
     watcher = kill_when(conditions[moment], worker, fired, stop)

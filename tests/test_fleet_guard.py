@@ -29,18 +29,22 @@ def guard_policy(tmp_path: Path, provider: ProviderStandIn, **budget: Any):  # t
 
 
 class OutOfService(threading.Thread):
-    """Samples the API server: the most GPU nodes cordoned or NotReady at once."""
+    """Samples the API server. Disrupted: a GPU node out of service (cordoned or NotReady) whose
+    workload was evicted — what the budget limits. Protected: cordoned with its workload still
+    running — the protective step, which the budget does not hold up."""
 
     def __init__(self, kube: RealKube) -> None:
         super().__init__(daemon=True)
-        self.kube, self.stop, self.most = kube, threading.Event(), 0
+        self.kube, self.stop, self.most, self.most_protected = kube, threading.Event(), 0, 0
 
     def run(self) -> None:
         while not self.stop.is_set():
             nodes = self.kube.emulator.list("v1", "Node")
-            out = [n for n in nodes if n["spec"].get("unschedulable") or not any(
+            running = {p["spec"].get("nodeName") for p in self.kube.emulator.list("v1", "Pod")}
+            out = [n["metadata"]["name"] for n in nodes if n["spec"].get("unschedulable") or not any(
                 c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions") or [])]
-            self.most = max(self.most, len(out))
+            self.most = max(self.most, len([n for n in out if n not in running]))
+            self.most_protected = max(self.most_protected, len([n for n in out if n in running]))
             time.sleep(0.1)
 
 
@@ -60,6 +64,8 @@ async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue:
     policy = guard_policy(tmp_path, provider_http)
     settings = settings_for(task_queue, kube, provider=provider_http)
     failing = [f"gpu-{i:03d}" for i in range(0, 80, 2)]  # 40 nodes
+    for node in failing:  # each runs a training pod until its node's lease comes
+        kube.emulator.put(fleet.pod(f"trainer-{node}", node, namespace="training", owner_kind="Job", gpus=8))
     cluster = task_queue
     handles: list[WorkflowHandle[Any, RunbookStatus]] = []
     sampler = OutOfService(kube)
@@ -85,8 +91,10 @@ async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue:
             final = await guard_state(client, cluster)
     sampler.stop.set()
     assert [r.outcome for r in reports] == ["remediated"] * 40
-    # Counted from the API server, not from the guard: never more than the budget out at once.
+    # Counted from the API server, not from the guard: never more than the budget disrupted at once,
+    # while the protective step took far more nodes out of service for new work before their leases.
     assert 1 <= sampler.most <= 5, sampler.most
+    assert sampler.most_protected > 5, sampler.most_protected
     assert final.max_held <= 5, final.max_held
     assert final.max_held == 5  # the budget was used, not merely respected
     assert final.grants == 40 and final.holders == [] and final.queue == []
@@ -118,6 +126,7 @@ async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Clie
                                                                     tmp_path: Path) -> None:
     for i in range(10):
         kube.emulator.put(fleet.node(f"gpu-{i}"))
+    kube.emulator.put(fleet.pod("trainer-gpu-2", "gpu-2", namespace="training", owner_kind="Job", gpus=8))
     policy = guard_policy(tmp_path, provider_http)
     settings = settings_for(task_queue, kube, provider=provider_http)
     cluster = task_queue
@@ -138,10 +147,13 @@ async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Clie
             report = await asyncio.wait_for(first.result(), 60)
             assert report.outcome == "remediated"
             assert not kube.emulator.get("v1", "Node", "gpu-1")["spec"].get("unschedulable")
-            # Run 2 gets no lease while paused: nothing destructive happened to its node.
+            # Run 2 gets no lease while paused: its node is cordoned (protective, before the lease),
+            # nothing destructive happened to it: its pod runs on, no replacement was asked.
             status = await second.query("status", result_type=RunbookStatus)
             assert status.step == "take disruption lease" and "paused by dana" in (status.waiting_for or "")
-            assert not kube.emulator.get("v1", "Node", "gpu-2")["spec"].get("unschedulable")
+            assert kube.emulator.get("v1", "Node", "gpu-2")["spec"].get("unschedulable") is True
+            assert kube.emulator.get("v1", "Pod", "trainer-gpu-2", "training") is not None
+            assert [r["node"] for r in provider_http.accepted()] == ["gpu-1"]
             state = await guard_state(client, cluster)
             assert state.paused is not None and state.paused.reason == "change freeze"
             await guard.signal("resume", Operator(by="dana"))
@@ -152,7 +164,10 @@ async def test_the_lease_of_a_closed_runbook_is_reclaimed(client: Client, task_q
                                                           provider_http: ProviderStandIn, tmp_path: Path) -> None:
     for i in range(10):
         kube.emulator.put(fleet.node(f"gpu-{i}"))
-    policy = guard_policy(tmp_path, provider_http, max_concurrent=1, guard_reclaim_interval="2s")
+    # Half the fleet may be out: the holder's node stays cordoned after it is gone (a bad node
+    # stays out), and only the one lease at a time is what this test is about.
+    policy = guard_policy(tmp_path, provider_http, max_concurrent=1, max_unavailable_fraction=0.5,
+                          guard_reclaim_interval="2s")
     settings = settings_for(task_queue, kube, provider=provider_http)
     cluster = task_queue
     async with worker_for(client, settings, policy):
@@ -208,7 +223,7 @@ async def test_an_unreadable_fleet_grants_no_lease_and_says_so_then_recovers(
         assert "cannot count GPU nodes" in state.capacity_unknown and state.holders == []
         status = await run.query("status", result_type=RunbookStatus)
         assert status.step == "take disruption lease"
-        assert not kube.emulator.get("v1", "Node", "gpu-1")["spec"].get("unschedulable")  # nothing done
+        assert provider_http.accepted() == []  # nothing destructive (the protective cordon only)
         outage.times = 0  # the API answers again
         with provider_controller(kube, provider_http, delay_s=0.2):
             report = await asyncio.wait_for(run.result(), 90)
@@ -241,10 +256,9 @@ async def test_the_domain_limit_counts_nodes_already_down_in_the_domain(
         assert len(held) == 2 and "gpu-6" in held and len(waiting) == 1, state
         assert sorted([*held, *waiting]) == ["gpu-1", "gpu-2", "gpu-6"]
         await asyncio.sleep(3)  # the guard re-counts: still held
-        down_in_a = [n["metadata"]["name"] for n in kube.emulator.list("v1", "Node")
-                     if n["metadata"]["labels"]["topology.kubernetes.io/zone"] == "zone-a"
-                     and n["spec"].get("unschedulable")]
-        assert sorted(down_in_a) == sorted(["gpu-0", *(n for n in held if n != "gpu-6")])
+        # The waiting run's node is cordoned (the protective step) but was never replaced.
+        replaced = {r["node"] for r in provider_http.accepted()}
+        assert replaced == set(held) and waiting[0] not in replaced, (replaced, held)
         for node in ("gpu-1", "gpu-2", "gpu-6"):
             await client.get_workflow_handle(node_workflow_id("xid-recovery", cluster, node)).terminate("test over")
 
@@ -278,4 +292,8 @@ async def test_a_lease_that_never_comes_escalates(client: Client, task_queue: st
         report = await asyncio.wait_for(waiter.result(), 30)
         await holder.terminate("test over")
     assert report.outcome == "aborted"
-    assert not kube.emulator.get("v1", "Node", "gpu-2")["spec"].get("unschedulable")  # never touched
+    # Cordoned by the protective step, nothing destructive: it stays out, and says why.
+    node = kube.emulator.get("v1", "Node", "gpu-2")
+    assert node["spec"].get("unschedulable") is True
+    assert "run aborted by sre: later" in node["metadata"]["annotations"]["fleetmedic.io/quarantine-reason"]
+    assert [r["node"] for r in provider_http.accepted()] == ["gpu-1"]

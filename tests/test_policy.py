@@ -59,6 +59,17 @@ def test_catalog_overrides_keep_the_other_defaults() -> None:
     assert policy.xid.catalog[79].action is XidAction.REPLACE  # untouched
 
 
+def test_a_catalog_entry_keeps_what_it_does_not_say() -> None:
+    """An entry that changes one field of a built-in XID keeps the others: turning `job_lost` off
+    for 79 leaves it a replace; changing 48's action leaves it `job_lost`."""
+    policy = parse_policy("xid: {catalog: {79: {job_lost: false}, 48: replace}}", "test")
+    assert policy.xid.catalog[79].action is XidAction.REPLACE and not policy.xid.catalog[79].job_lost
+    assert policy.xid.catalog[48].action is XidAction.REPLACE and policy.xid.catalog[48].job_lost
+    assert policy.xid.catalog[48].description == "Double-bit ECC error"
+    with pytest.raises(PolicyError, match="xid.catalog.555.action"):
+        parse_policy("xid: {catalog: {555: {job_lost: true}}}", "test")
+
+
 def test_durations_accept_units_and_seconds() -> None:
     policy = parse_policy("grace: {checkpoint: 90, eviction_deadline: 30m, node_ready_deadline: 2h}\n"
                           "lemon: {window: 7d}\napprovals: {timeout: 1h30m}\nbudget: {lease_timeout: 2d12h}")

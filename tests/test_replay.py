@@ -44,7 +44,11 @@ def test_there_are_histories_to_replay() -> None:
                                            "migrate-back-migrated", "kueue-quota-sync-cut-approved",
                                            # the safety model in the base (#16)
                                            "xid-recovery-signal-then-down", "xid-recovery-drain-blocked-skipped",
-                                           "xid-recovery-dry-run-outcome", "migrate-back-within-minimum"}
+                                           "xid-recovery-dry-run-outcome", "migrate-back-within-minimum",
+                                           # protective first (#20)
+                                           "xid-recovery-protective-kill", "xid-recovery-protective-while-paused",
+                                           "nvlink-fault-replace-protective-taint", "hot-gpu-pull-protective",
+                                           "xid-recovery-protective-lemon"}
 
 
 @workflow.defn(name="xid-recovery", sandboxed=False)

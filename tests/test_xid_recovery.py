@@ -61,7 +61,7 @@ async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None
     description = await handle.describe()
     assert description.typed_search_attributes is not None
     audit = render_markdown(timeline(stack.client, await handle.fetch_history()))
-    assert "Outcome: **remediated**" in audit and "provider.request (ok" in audit and "k8s.cordon_node" in audit
+    assert "Outcome: **remediated**" in audit and "provider.request (ok" in audit and "protect.node" in audit
 
 
 async def test_node_that_never_comes_back_stays_quarantined_and_says_why(stack: Stack) -> None:
@@ -72,7 +72,7 @@ async def test_node_that_never_comes_back_stays_quarantined_and_says_why(stack: 
     assert node["spec"]["unschedulable"] is True
     assert any(d.step == "record outcome" and "did not come back healthy" in d.result for d in report.decisions)
     assert "not back in service after XID 79" in node["metadata"]["annotations"]["fleetmedic.io/quarantine-reason"]
-    assert stack.slurm_state("gpu-node-2")[0] == "down"
+    assert "DOWN" in stack.slurm.node_states("gpu-node-2")
     assert any("@oncall" in m["text"] and "stays out of service" in m["text"] for m in stack.slack.messages)
 
 
@@ -212,7 +212,7 @@ async def test_failed_validation_leaves_the_node_quarantined(stack: Stack) -> No
     assert report.outcome == "quarantined"
     assert any(d.step == "validate" and "XID 79 on GPU 3" in d.result for d in report.decisions)
     assert stack.node("gpu-node-2")["spec"]["unschedulable"] is True
-    assert stack.slurm_state("gpu-node-2")[0] == "down"
+    assert "DOWN" in stack.slurm.node_states("gpu-node-2")
 
 
 async def test_approval_approve_continues_and_a_nameless_approval_is_refused(stack: Stack) -> None:
@@ -286,7 +286,7 @@ async def test_third_remediation_in_the_window_retires_a_lemon_node(stack: Stack
     node = stack.node("gpu-node-1")
     assert node["spec"]["unschedulable"] is True
     assert "lemon node: 3 remediations" in node["metadata"]["annotations"]["fleetmedic.io/quarantine-reason"]
-    assert stack.slurm_state("gpu-node-1")[0] == "down"
+    assert "DOWN" in stack.slurm.node_states("gpu-node-1")
 
 
 async def test_the_lemon_count_survives_temporal_retention(stack: Stack) -> None:

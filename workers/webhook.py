@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.start import start_or_attach
@@ -189,27 +190,35 @@ class AlertReceiver:
             raise TemporalUnavailable(f"{exc.status.name if exc.status else 'error'}: {exc.message[:200]}") from exc
 
     async def _fire(self, alert: Alert, decision: Routed) -> AlertAnswer:
-        if not decision.route.reopen and alert.starts_at is not None:
+        # One round trip for a new incident (no run under this ID, or one running): a closed run is
+        # refused by the start, and only then read, to tell a resend of what it handled from a new fault.
+        checks_closed = not decision.route.reopen and alert.starts_at is not None
+        try:
+            handle = await self._start(alert, decision, after_closed=not checks_closed)
+        except WorkflowAlreadyStartedError:
             closed = await self._closed_run(decision.workflow_id)
             close_time, outcome = closed if closed is not None else (None, None)
-            if close_time is not None and alert.starts_at <= close_time:
+            if close_time is not None and alert.starts_at is not None and alert.starts_at <= close_time:
                 return self._answer(alert, decision.runbook, decision.workflow_id, "ignored",
                                     f"already remediated at {close_time.isoformat()}"
                                     + (f" (outcome {outcome})" if outcome else "")
                                     + "; the alert started before that run ended", "already_remediated")
-        handle = await self._temporal(lambda: start_or_attach(
-            self.client, decision.runbook, decision.input, workflow_id=decision.workflow_id,
-            task_queue=self.task_queue, signal="alert", signal_args=[alert], result_type=RunbookStatus,
-            search_attributes=start_attributes(decision.runbook, decision.cluster, decision.node,
-                                               decision.input.xid),
-            rpc_timeout=self._rpc_timeout(), summary=run_summary(decision.runbook, decision.cluster, decision.node,
-                                                                 decision.input.xid, decision.input.gpu,
-                                                                 f"alert {alert.labels.get('alertname', '?')}")))
+            handle = await self._start(alert, decision, after_closed=True)
         if _started(handle):
             return self._answer(alert, decision.runbook, decision.workflow_id, "started",
                                 f"new run {handle.result_run_id}", "new_run")
         return self._answer(alert, decision.runbook, decision.workflow_id, "attached",
                             f"signalled the running run {handle.result_run_id}", "running_run")
+
+    def _start(self, alert: Alert, decision: Routed, *, after_closed: bool) -> Awaitable[WorkflowHandle[Any, Any]]:
+        return self._temporal(lambda: start_or_attach(
+            self.client, decision.runbook, decision.input, workflow_id=decision.workflow_id,
+            task_queue=self.task_queue, signal="alert", signal_args=[alert], result_type=RunbookStatus,
+            search_attributes=start_attributes(decision.runbook, decision.cluster, decision.node,
+                                               decision.input.xid),
+            rpc_timeout=self._rpc_timeout(), after_closed=after_closed,
+            summary=run_summary(decision.runbook, decision.cluster, decision.node, decision.input.xid,
+                                decision.input.gpu, f"alert {alert.labels.get('alertname', '?')}")))
 
     async def _closed_run(self, workflow_id: str) -> tuple[datetime | None, str | None] | None:
         """(close time, outcome) of the latest run of `workflow_id` when it has closed; None when

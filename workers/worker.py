@@ -1,7 +1,10 @@
 """`fleetmedic worker`: the Temporal worker that runs every runbook and its activities.
 
 Activities use blocking clients (kubernetes, scontrol, slack-sdk), so they run on a thread pool
-sized by FLEETMEDIC_ACTIVITY_THREADS. SIGTERM/SIGINT shut down gracefully: no new tasks are
+sized by FLEETMEDIC_ACTIVITY_THREADS. The protective step (cordon + Slurm DRAIN of a bad node)
+has a task queue of its own on every worker, `<queue>-protective`, with its own slots
+(FLEETMEDIC_PROTECTIVE_SLOTS): however many runs wait on drains and watches, a new alert's
+cordon never waits for a free slot. SIGTERM/SIGINT shut down gracefully: no new tasks are
 polled, running activities get `graceful_shutdown_timeout` to finish, and whatever is cut short
 is retried by Temporal on another worker.
 """
@@ -31,6 +34,7 @@ from activities.guard import GuardActivities
 from activities.kube_client import load_api_client
 from activities.kubernetes import KubernetesActivities
 from activities.kueue import KueueActivities, KueueTrigger
+from activities.protect import ProtectiveActivities
 from activities.providers import ProviderActivities, make_provider
 from activities.slack import SlackActivities
 from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
@@ -63,38 +67,57 @@ class ActivityGroup(Protocol):
     def activities(self) -> list[Callable[..., Any]]: ...
 
 
+def protective_queue(settings: Settings) -> str:
+    return f"{settings.task_queue}-protective"
+
+
+class Activities:
+    """Every activity the runbooks call, wired to the systems `settings` names: `all` for the main
+    task queue, `protective` for the protective queue (also in `all`, for runs without one)."""
+
+    def __init__(self, settings: Settings, policy: Policy, client: Client,
+                 api_client: Callable[[], ApiClient] | None = None) -> None:
+        # One API client for the process, its pool sized to every thread that may use it at once.
+        pool = settings.activity_threads + 2 * settings.protective_slots
+        kube_client = api_client or cache(lambda: load_api_client(
+            settings.kubeconfig, pool=pool, qps=policy.kube_api.qps, burst=policy.kube_api.burst,
+            timeout_s=settings.kube_timeout_s))
+        dry = settings.dry_run
+        kubernetes = KubernetesActivities(kube_client, policy, timeout_s=settings.kube_timeout_s, force_dry_run=dry)
+        threading.Thread(target=kubernetes.warm, name="kubernetes-warm-up", daemon=True).start()
+        cli = SlurmCli(settings.slurm_conf, settings.slurm_timeout_s)
+        reader = (SlurmRest(settings.slurmrestd_url, settings.slurm_jwt or "", settings.slurm_user,
+                            settings.slurm_timeout_s) if settings.slurmrestd_url else None)
+        slurm = SlurmActivities(cli, reader, force_dry_run=dry)
+        provider = make_provider(policy.provider, kube_client, token=settings.provider_token,
+                                 kube_timeout_s=settings.kube_timeout_s)
+        context = RunContext(slurm_enabled=slurm_enabled(settings), agent_configured=bool(settings.agent_url),
+                             provider=provider.name, provider_supports=sorted(provider.supports),
+                             protective_queue=protective_queue(settings))
+        self.protective = ProtectiveActivities(kubernetes, slurm, threads=2 * settings.protective_slots).activities()
+        groups: list[ActivityGroup] = [
+            ConfigActivities(policy, context, force_dry_run=dry),
+            kubernetes,
+            KueueActivities(kubernetes),
+            TrafficActivities(kubernetes, settings.prometheus_url),
+            slurm,
+            StorageActivities(policy.storage),
+            ProviderActivities(provider, force_dry_run=dry),
+            SlackActivities(settings.slack_bot_token, settings.slack_channel or policy.notify.slack_channel,
+                            settings.slack_api_url, shadow_channel=policy.notify.shadow_channel),
+            AgentActivities(settings.agent_url, settings.agent_token, force_dry_run=dry),
+            GuardActivities(client, settings.task_queue),
+            KueueTrigger(client, settings.task_queue),
+            TrafficHandoff(client),
+            TemporalActivities(client, settings.task_queue),
+        ]
+        self.all = [fn for group in groups for fn in group.activities()] + self.protective
+
+
 def build_activities(settings: Settings, policy: Policy, client: Client,
                      api_client: Callable[[], ApiClient] | None = None) -> list[Callable[..., Any]]:
-    """Every activity the runbooks call, wired to the systems `settings` names."""
-    kube_client = api_client or cache(lambda: load_api_client(settings.kubeconfig))
-    dry = settings.dry_run
-    kubernetes = KubernetesActivities(kube_client, policy, timeout_s=settings.kube_timeout_s, force_dry_run=dry)
-    threading.Thread(target=kubernetes.warm, name="kubernetes-warm-up", daemon=True).start()
-    cli = SlurmCli(settings.slurm_conf, settings.slurm_timeout_s)
-    reader = (SlurmRest(settings.slurmrestd_url, settings.slurm_jwt or "", settings.slurm_user,
-                        settings.slurm_timeout_s) if settings.slurmrestd_url else None)
-    slurm = SlurmActivities(cli, reader, force_dry_run=dry)
-    provider = make_provider(policy.provider, kube_client, token=settings.provider_token,
-                             kube_timeout_s=settings.kube_timeout_s)
-    context = RunContext(slurm_enabled=slurm_enabled(settings), agent_configured=bool(settings.agent_url),
-                         provider=provider.name, provider_supports=sorted(provider.supports))
-    groups: list[ActivityGroup] = [
-        ConfigActivities(policy, context, force_dry_run=dry),
-        kubernetes,
-        KueueActivities(kubernetes),
-        TrafficActivities(kubernetes, settings.prometheus_url),
-        slurm,
-        StorageActivities(policy.storage),
-        ProviderActivities(provider, force_dry_run=dry),
-        SlackActivities(settings.slack_bot_token, settings.slack_channel or policy.notify.slack_channel,
-                        settings.slack_api_url, shadow_channel=policy.notify.shadow_channel),
-        AgentActivities(settings.agent_url, settings.agent_token, force_dry_run=dry),
-        GuardActivities(client, settings.task_queue),
-        KueueTrigger(client, settings.task_queue),
-        TrafficHandoff(client),
-        TemporalActivities(client, settings.task_queue),
-    ]
-    return [fn for group in groups for fn in group.activities()]
+    """Every activity the runbooks call (see `Activities`)."""
+    return Activities(settings, policy, client, api_client).all
 
 
 def sandbox_runner() -> SandboxedWorkflowRunner:
@@ -103,21 +126,52 @@ def sandbox_runner() -> SandboxedWorkflowRunner:
         "pydantic", "pydantic_core", "fleetmedic", "yaml", "annotated_types"))
 
 
+class FleetWorker:
+    """The worker's two pollers, started and stopped together: the main task queue (workflows and
+    every activity) and the protective queue (the protective step only, with its own slots)."""
+
+    def __init__(self, main: Worker, protective: Worker) -> None:
+        self.main, self.protective = main, protective
+
+    async def __aenter__(self) -> FleetWorker:
+        await self.protective.__aenter__()
+        try:
+            await self.main.__aenter__()
+        except BaseException:
+            await self.protective.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        # Both finish their running activities within the same SHUTDOWN_GRACE, side by side.
+        await asyncio.gather(self.main.__aexit__(*exc), self.protective.__aexit__(*exc))
+
+
 def build_worker(client: Client, settings: Settings, policy: Policy, *,
                  api_client: Callable[[], ApiClient] | None = None,
                  workflows: Sequence[type] | None = None,
-                 executor: ThreadPoolExecutor | None = None) -> Worker:
+                 executor: ThreadPoolExecutor | None = None) -> FleetWorker:
     executor = executor or ThreadPoolExecutor(max_workers=settings.activity_threads,
                                               thread_name_prefix="fleetmedic-activity")
-    return Worker(
+    activities = Activities(settings, policy, client, api_client)
+    main = Worker(
         client, task_queue=settings.task_queue,
         workflows=list(workflows or WORKFLOWS),
-        activities=build_activities(settings, policy, client, api_client),
+        activities=activities.all,
         activity_executor=executor,
         max_concurrent_activities=settings.activity_threads,
         workflow_runner=sandbox_runner(),
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
     )
+    protective = Worker(
+        client, task_queue=protective_queue(settings),
+        activities=activities.protective,
+        activity_executor=ThreadPoolExecutor(max_workers=settings.protective_slots,
+                                             thread_name_prefix="fleetmedic-protective"),
+        max_concurrent_activities=settings.protective_slots,
+        graceful_shutdown_timeout=SHUTDOWN_GRACE,
+    )
+    return FleetWorker(main, protective)
 
 
 # Buckets for what a person waits for: a repair takes minutes to hours, not the SDK's default

@@ -4,12 +4,18 @@ Automation that can drain one node can drain a hundred. Every destructive runboo
 guard for a lease first; the guard grants them explicitly, in the order asked (FIFO), while:
 
 - fewer than `budget.max_concurrent` leases are held;
-- the share of GPU nodes out of service — nodes already NotReady or cordoned, plus the nodes
-  under a lease — stays within `budget.max_unavailable_fraction` (at least one node);
+- the share of GPU nodes out of service — nodes already NotReady or cordoned (but for the nodes
+  of runbooks still in line, which their protective step cordoned), plus the nodes under a
+  lease — stays within `budget.max_unavailable_fraction` (at least one node);
 - fewer than `budget.max_per_hour` leases were granted in the last hour;
 - a topology domain (`budget.topology_label`) has fewer than `budget.max_per_domain` nodes out
   of service — under a lease, or already NotReady or cordoned — (a request blocked only by its
   domain lets the next one in line pass).
+
+It also answers protective kills: a runbook whose XID already killed the job on its node
+(catalog `job_lost`) asks to take the node DOWN and requeue before its lease; at most
+`budget.max_protective_kills_per_minute` are granted a minute, none while paused, and a refused
+one simply waits for its lease. Nobody waits in line for a kill.
 
 A plain `wait_condition` on a counter would let every waiter through at once; here each grant is
 a decision recorded in the guard's history and a `lease` signal to exactly one runbook. The guard
@@ -28,7 +34,15 @@ from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
-    from fleetmedic.models import FleetCapacity, GuardState, Lease, LeaseAnswer, LeaseRequest, Operator
+    from fleetmedic.models import (
+        FleetCapacity,
+        GuardState,
+        KillAnswer,
+        Lease,
+        LeaseAnswer,
+        LeaseRequest,
+        Operator,
+    )
     from fleetmedic.policy import Policy
 
 from workflows.runbook import bounded_retry, execute, local
@@ -37,6 +51,7 @@ from workflows.runbook import bounded_retry, execute, local
 # fresh; only nodes that went NotReady or were cordoned by others in the last seconds can be missed.
 CAPACITY_TTL = timedelta(seconds=5)
 HOUR = timedelta(hours=1)
+MINUTE = timedelta(minutes=1)
 
 
 @workflow.defn(name="fleet-guard")
@@ -50,6 +65,7 @@ class FleetGuard:
         self.out_fraction = 0.0
         self.capacity: FleetCapacity | None = None
         self.capacity_at = workflow.now()
+        self.reclaimed_at = workflow.now()
 
     # --- what runbooks and operators send -----------------------------------------------------
 
@@ -59,6 +75,13 @@ class FleetGuard:
             self.told.pop(request.workflow_id, None)  # a retried request: answer "granted" again
         elif not any(q.workflow_id == request.workflow_id for q in self.state.queue):
             self.state.queue.append(request.model_copy(update={"requested_at": workflow.now()}))
+        self.dirty = True
+
+    @workflow.signal
+    def kill(self, request: LeaseRequest) -> None:
+        """A protective kill asked (DOWN + requeue of a job its XID already killed, before the lease)."""
+        if not any(k.workflow_id == request.workflow_id for k in self.state.kill_requests):
+            self.state.kill_requests.append(request)
         self.dirty = True
 
     @workflow.signal
@@ -90,23 +113,33 @@ class FleetGuard:
     async def run(self, state: GuardState) -> None:
         self.policy = await local(refs.CONFIG_POLICY, ())
         limit = self.policy.budget.guard_history_events
+        recounts = workflow.patched("guard-recounts-while-waiting")
         while True:
-            woke = await self._wake()
-            if not woke and self.state.holders:
+            woke = await self._wake(recounts)
+            reclaim_due = workflow.now() - self.reclaimed_at >= self.policy.budget.guard_reclaim_interval
+            if not woke and self.state.holders and (reclaim_due or not recounts):
                 await self.reclaim()
+                self.reclaimed_at = workflow.now()
             await self.grant()
             await self.tell()
+            if self.state.kill_requests:
+                await self.answer_kills()
             self.record_metrics()
             if workflow.info().is_continue_as_new_suggested() or workflow.info().get_current_history_length() > limit:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 # Everything the guard knows is in its state; waiters are told again after the restart.
                 workflow.continue_as_new(self.state)
 
-    async def _wake(self) -> bool:
+    async def _wake(self, recounts: bool) -> bool:
+        """Until a signal changes something, or the next look: the reclaim interval, or — while runbooks
+        wait in line and the fleet is not paused — the next count of the fleet (nodes that others
+        return to service free the budget without telling the guard)."""
         try:
             assert self.policy is not None
-            await workflow.wait_condition(lambda: self.dirty, timeout=self.policy.budget.guard_reclaim_interval,
-                                          timeout_summary="reclaim leases of closed runbooks")
+            timeout, why = self.policy.budget.guard_reclaim_interval, "reclaim leases of closed runbooks"
+            if recounts and self.state.queue and self.state.paused is None and timeout > CAPACITY_TTL:
+                timeout, why = CAPACITY_TTL, "count the fleet again for the runbooks in line"
+            await workflow.wait_condition(lambda: self.dirty, timeout=timeout, timeout_summary=why)
         except TimeoutError:
             return False
         self.dirty = False
@@ -125,12 +158,16 @@ class FleetGuard:
         # At least one node may be out at a time, or a small cluster could never heal itself;
         # an unknown fleet (no count) allows none.
         allowed_out = max(1, int(budget.max_unavailable_fraction * capacity.gpu_nodes)) if capacity.gpu_nodes else 0
+        # Runbooks in line cordoned their nodes already (the protective step, before the lease):
+        # those cordons must not count against the leases they wait for, or a storm of alerts would
+        # fill the budget with itself and no lease would ever be granted.
+        waiting = {q.node for q in self.state.queue} if workflow.patched("protective-nodes-in-line") else set()
         index = 0
         while index < len(self.state.queue) and len(self.state.holders) < budget.max_concurrent \
                 and len(self.state.granted_recently) < budget.max_per_hour:
             request = self.state.queue[index]
             held = {h.node for h in self.state.holders}
-            out = set(capacity.unavailable) | held
+            out = (set(capacity.unavailable) - waiting) | held
             if request.node not in out and len(out) + 1 > allowed_out:
                 break  # the next disruption would take too much of the fleet out
             if request.domain and self.domain_out(request, capacity) >= budget.max_per_domain:
@@ -143,8 +180,37 @@ class FleetGuard:
             self.state.grants += 1
             self.state.max_held = max(self.state.max_held, len(self.state.holders))
             self.told.pop(request.workflow_id, None)
-            out_now = len(set(capacity.unavailable) | {h.node for h in self.state.holders})
+            waiting.discard(request.node)
+            out_now = len((set(capacity.unavailable) - waiting) | {h.node for h in self.state.holders})
             self.out_fraction = out_now / capacity.gpu_nodes
+
+    async def answer_kills(self) -> None:
+        """Grant protective kills in the order asked, up to the budget's per-minute limit; refuse the
+        rest (they wait for their lease). Answers go out together, as `tell` does."""
+        assert self.policy is not None
+        now = workflow.now()
+        limit = self.policy.budget.max_protective_kills_per_minute
+        self.state.killed_recently = [t for t in self.state.killed_recently if now - t < MINUTE]
+        answers: list[tuple[str, KillAnswer]] = []
+        for request in self.state.kill_requests:
+            if self.state.paused is not None:
+                answer = KillAnswer(granted=False, reason=f"fleet paused by {self.state.paused.by}")
+            elif len(self.state.killed_recently) >= limit:
+                answer = KillAnswer(granted=False, reason=f"{len(self.state.killed_recently)} protective kill(s) in "
+                                                          f"the last minute (budget.max_protective_kills_per_minute "
+                                                          f"{limit})")
+            else:
+                self.state.killed_recently.append(now)
+                answer = KillAnswer(granted=True)
+            answers.append((request.workflow_id, answer))
+        self.state.kill_requests = []
+        await asyncio.gather(*(self._answer_kill(workflow_id, answer) for workflow_id, answer in answers))
+
+    async def _answer_kill(self, workflow_id: str, answer: KillAnswer) -> None:
+        try:
+            await workflow.get_external_workflow_handle(workflow_id).signal("protective_kill", answer)
+        except FailureError:
+            workflow.logger.info("runbook %s is gone: its protective kill is moot", workflow_id)
 
     def domain_out(self, request: LeaseRequest, capacity: FleetCapacity) -> int:
         """Nodes of the request's domain out of service: under a lease, or already NotReady or

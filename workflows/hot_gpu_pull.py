@@ -46,11 +46,11 @@ class HotGpuPull(NodeRunbook):
         self.open_thread(f":fire: GPU {gpu_name(hot.gpu)} of `{self.node}` runs hot: {self._heat(hot)}. "
                          "Pulling it, not fixing it.")
         why = f"GPU {gpu_name(hot.gpu)} on {self.node} runs at {_temperature(hot)}"
-        if lemon := await self.is_lemon():
+        reason = f"fleetmedic: GPU {gpu_name(hot.gpu)} hot, {_temperature(hot)} ({self.workflow_id})"
+        if lemon := await self.protect_then_count(reason):
             return await self.retire_lemon(lemon, SlurmNodeState.DOWN, why)
 
         thermal = policy.thermal
-        reason = f"fleetmedic: GPU {gpu_name(hot.gpu)} hot, {_temperature(hot)} ({self.workflow_id})"
         if thermal.pull_mode == "immediate":
             state, grace = SlurmNodeState.DOWN, policy.grace.checkpoint
         else:

@@ -24,12 +24,17 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic import ids
     from fleetmedic.decisions import approval_reason
     from fleetmedic.models import (
+        KillAnswer,
         LeaseRequest,
         NodeRunbookInput,
         NodeTarget,
         OptOut,
+        Protection,
         RunbookStatus,
         RunContext,
+        SetSlurmNodeState,
+        SlurmJob,
+        SlurmNodeState,
         Taint,
         TaintRequest,
     )
@@ -64,6 +69,11 @@ class NodeRunbookBase(Runbook):
 
     context: RunContext
     mutated = False  # any destructive step done (or, in shadow mode, would have been)
+    # The protective step (cordon or taint + Slurm DRAIN, before the lease): what it read and did.
+    protection: Protection | None = None
+    protective_taint: Taint | None = None
+    kill_answer: KillAnswer | None = None  # the fleet guard's answer to a protective kill
+    killed: tuple[SlurmJob, ...] = ()  # jobs requeued by the protective kill (their XID had killed them)
     out_since: datetime | None = None  # when the node left service (Slurm DOWN/DRAIN and cordon)
     back_at: datetime | None = None  # when it returned
     node_gpus = 0
@@ -98,17 +108,20 @@ class NodeRunbookBase(Runbook):
             await body()
         except NothingToDo as nothing:
             await self.release_lease()
+            if self.protected and not self.mutated and not self.dry_run:
+                # The fault went away before anything destructive: the protective step comes off.
+                await self.return_to_service(resume_slurm=True, taint=self.protective_taint)
             await self.record_outcome(nothing.outcome, nothing.reason)
         except OptedOut as opted:
             await self.stop_for_opt_out(opted)
         except DryRunEnded as ended:
             await self.end_dry_run(ended)
         except Rejected as rejected:
-            if self.mutated:
+            if self.mutated or self.protected:
                 await self.leave_quarantined(f"{self.step_name} rejected by {rejected.by}: {rejected.reason}")
             await self.record_outcome("rejected", f"rejected by {rejected.by}: {rejected.reason}", warning=True)
         except RunbookAborted as aborted:
-            if self.mutated:
+            if self.mutated or self.protected:
                 await self.leave_quarantined(f"run aborted by {aborted.by}: {aborted.reason}")
             await self.record_outcome("aborted", f"aborted by {aborted.by}: {aborted.reason}", warning=True)
         await self.release_lease()  # every way out gives the lease back
@@ -117,11 +130,12 @@ class NodeRunbookBase(Runbook):
     async def stop_for_opt_out(self, opted: OptedOut) -> str:
         assert self.policy is not None
         text = f"opted out before {opted.step}: {'; '.join(opted.reasons)}"
-        if self.mutated:
+        changed = self.mutated or self.protected
+        if changed:
             # Something was already done: leave it as it is, say so, and ask a human.
             await self.say(f":warning: {text}. Steps already taken are left in place.",
                            mention=self.policy.escalation.slack_mention)
-        return await self.record_outcome("opted-out", text, warning=self.mutated)
+        return await self.record_outcome("opted-out", text, warning=changed)
 
     async def load(self, xid: int | None = None) -> Policy:
         self.enter("load policy")
@@ -146,6 +160,12 @@ class NodeRunbookBase(Runbook):
             attributes.append(ids.FLEET_XID.value_set(xid))
         workflow.upsert_search_attributes(attributes)
         return self.policy
+
+    @property
+    def protected(self) -> bool:
+        """The protective step took the node out (cordon or taint, Slurm DRAIN), or would have."""
+        return self.protection is not None and self.protection.node is not None \
+            and not self.protection.opt_out.opted_out
 
     def target(self, reason: str = "") -> NodeTarget:
         return NodeTarget(node=self.node, workflow_id=self.workflow_id, reason=reason, dry_run=self.dry_run)
@@ -211,6 +231,10 @@ class NodeRunbookBase(Runbook):
         if verdict == "reject":
             raise Rejected(approval.by, approval.reason)
 
+    @workflow.signal(name="protective_kill", description="Internal (the fleet guard): a protective kill granted or not")
+    def protective_kill(self, answer: KillAnswer) -> None:
+        self.kill_answer = answer
+
     # --- disruption lease -------------------------------------------------------------------------
 
     async def take_lease(self) -> None:
@@ -221,7 +245,9 @@ class NodeRunbookBase(Runbook):
             self.decide("take disruption lease", "would take a disruption lease (shadow runs hold none)")
             return
         skipped = self.skipped
-        node = await self.call("take disruption lease", refs.GET_NODE, self.node)
+        # The protective step read the node already (its labels do not change with a cordon).
+        node = (self.protection.node if self.protection is not None and self.protection.node is not None
+                else await self.call("take disruption lease", refs.GET_NODE, self.node))
         if node is None and self.skipped == skipped:
             raise NothingToDo("unknown-node", f"node {self.node} does not exist in Kubernetes: nothing to remediate")
         label = self.policy.budget.topology_label
@@ -280,6 +306,18 @@ class NodeRunbookBase(Runbook):
             self.decide(step, f"Kueue quota sync asked (kueue-quota-sync/{self.cluster})")
         except ActivityError:
             self.decide(step, "could not start the Kueue quota sync; its schedule catches up")
+
+    async def return_to_service(self, resume_slurm: bool, taint: Taint | None = None) -> None:
+        """Recovery steps: never gated by a pause or a lease (a paused fleet must still heal)."""
+        self.enter("return to service")
+        self.back_at = workflow.now()
+        if taint is not None:
+            await self.act("return to service", refs.REMOVE_TAINT, self.taint_request(taint))
+        await self.act("return to service", refs.UNCORDON, self.target())
+        if resume_slurm and self.context.slurm_enabled:
+            await self.act("return to service", refs.SET_SLURM_STATE,
+                           SetSlurmNodeState(node=self.node, state=SlurmNodeState.RESUME, dry_run=self.dry_run))
+        await self.request_quota_sync("return to service")
 
     async def leave_quarantined(self, why: str) -> None:
         """The node stays out, and says why: never cordoned without an open run or an annotation."""

@@ -13,9 +13,7 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
     from fleetmedic.models import (
         NodeInfo,
-        SetSlurmNodeState,
         SlurmJob,
-        SlurmNodeState,
         Taint,
         Validate,
         WaitNodeReady,
@@ -87,18 +85,6 @@ class ReturnSteps(NodeRunbookBase):
         failed = [f"{c.name}={c.value}" for c in verdict.checks if not c.passed]
         self.decide("validate", "passed" if verdict.passed else f"failed: {', '.join(failed)}")
         return verdict.passed
-
-    async def return_to_service(self, resume_slurm: bool, taint: Taint | None = None) -> None:
-        """Recovery steps: never gated by a pause or a lease (a paused fleet must still heal)."""
-        self.enter("return to service")
-        self.back_at = workflow.now()
-        if taint is not None:
-            await self.act("return to service", refs.REMOVE_TAINT, self.taint_request(taint))
-        await self.act("return to service", refs.UNCORDON, self.target())
-        if resume_slurm and self.context.slurm_enabled:
-            await self.act("return to service", refs.SET_SLURM_STATE,
-                           SetSlurmNodeState(node=self.node, state=SlurmNodeState.RESUME, dry_run=self.dry_run))
-        await self.request_quota_sync("return to service")
 
     async def confirm_jobs_resumed(self, jobs: list[SlurmJob]) -> list[int]:
         """The requeued jobs run again (RUNNING, restart count up). Returns those that did not."""

@@ -18,13 +18,20 @@ from workflows.node_return import ReturnSteps
 from workflows.node_take_out import TakeOutSteps
 
 with workflow.unsafe.imports_passed_through():
-    from fleetmedic.models import SlurmNodeState
+    from fleetmedic.models import SlurmNodeState, Taint
 
 __all__ = ["NodeRunbook", "NodeRunbookBase", "NothingToDo", "OptedOut", "Rejected", "gpu_name"]
 
 
 class NodeRunbook(TakeOutSteps, RemediateSteps, ReturnSteps):
     """A runbook that takes one node out of service, repairs it and puts it back."""
+
+    async def protect_then_count(self, reason: str, taint: Taint | None = None) -> int:
+        """The protective step, then the lemon count: bookkeeping may wait, the bad node may not.
+        Returns the count when the node is a lemon (0 otherwise)."""
+        if workflow.patched("protective-first"):
+            await self.protect(reason, taint)
+        return await self.is_lemon()
 
     async def retire_lemon(self, count: int, state: SlurmNodeState, why: str) -> str:
         """Out of service for good: drained, RMA requested, left quarantined and annotated."""

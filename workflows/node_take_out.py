@@ -1,5 +1,5 @@
-"""Taking a node out, the first half of the skeleton: lease → out of service (Slurm and
-Kubernetes together) → the checkpoint signal and grace → DOWN → requeue → drain."""
+"""Taking a node out, the first half of the skeleton: protective step (cordon + Slurm DRAIN, before
+the lease) → lease → out of service → the checkpoint signal and grace → DOWN → requeue → drain."""
 
 from __future__ import annotations
 
@@ -9,19 +9,22 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.exceptions import ActivityError
 
-from workflows.node_base import POLL, RECHECK_AFTER, NodeRunbookBase, OptedOut
+from workflows.node_base import POLL, RECHECK_AFTER, NodeRunbookBase, NothingToDo, OptedOut
 from workflows.runbook import RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
-    from fleetmedic.decisions import fresh_checkpoint, left_node
+    from fleetmedic.decisions import approval_reason, fresh_checkpoint, left_node
     from fleetmedic.models import (
         ActionResult,
         Checkpoint,
         CheckpointQuery,
         EvictionReport,
         EvictRequest,
+        LeaseRequest,
+        ProtectRequest,
         RequeueJob,
         SetSlurmNodeState,
         SignalJob,
@@ -29,6 +32,11 @@ with workflow.unsafe.imports_passed_through():
         SlurmNodeState,
         Taint,
     )
+
+
+# How long a runbook waits for the fleet guard's answer to a protective kill, and for the killed
+# jobs to leave the node, before it leaves them to the lease.
+KILL_ANSWER_WAIT = timedelta(seconds=30)
 
 
 async def _nothing() -> None:
@@ -50,6 +58,8 @@ class TakeOutSteps(NodeRunbookBase):
         next periodic checkpoint. `recheck`: confirms the fault again when the
         lease took long to come (it raises when there is nothing left to do). Returns the jobs
         that ran on the node."""
+        if workflow.patched("protective-first"):
+            await self.protect(reason, taint)
         asked = workflow.now()
         await self.take_lease()
         if recheck is not None and workflow.now() - asked > RECHECK_AFTER:
@@ -67,7 +77,85 @@ class TakeOutSteps(NodeRunbookBase):
             await self.grace_for_checkpoints(jobs, signalled_at, grace)
         await self.ensure_requeued(jobs, signalled=signal_first)
         await self.drain(drain_selector)
-        return jobs
+        killed = {job.job_id for job in self.killed}  # requeued by the protective kill, before the lease
+        return [*self.killed, *(job for job in jobs if job.job_id not in killed)]
+
+    # --- protective step ------------------------------------------------------------------------
+
+    async def protect(self, reason: str, taint: Taint | None = None) -> None:
+        """Protective first: one read of the node (its opt-out, its pods', its Slurm jobs), then the
+        cordon (or `taint`) and Slurm DRAIN together, before the lease. Nothing new lands on the
+        node; nothing running there is killed, so a storm of false alerts costs capacity for new
+        work, never a job: the steps that kill (DOWN, requeue, drain, replace) still wait for the
+        lease. Runs on the protective task queue, where no backlog of other work can hold it up.
+        Once per run; an opted-out node is left as it is, a missing one ends the run."""
+        assert self.policy is not None
+        if self.protection is not None:
+            return
+        self.enter("protect")
+        if (why := approval_reason(self.policy.approvals, ("cordon",), 0.0)) is not None and not self.dry_run:
+            self.decide("protect", f"nothing before the lease: {why}")
+            return
+        protection = await self.call("protect", refs.PROTECT_NODE, ProtectRequest(
+            node=self.node, workflow_id=self.workflow_id, reason=reason, taint=taint,
+            slurm=self.context.slurm_enabled, dry_run=self.dry_run),
+            retry=self.retry("writes"), task_queue=self.context.protective_queue)
+        if protection is None:
+            self.decide("protect", "skipped by an operator: the node stays in service until the lease")
+            return
+        self.protection, self.protective_taint = protection, taint
+        if protection.node is None:
+            raise NothingToDo("unknown-node", f"node {self.node} does not exist in Kubernetes: nothing to remediate")
+        if protection.opt_out.opted_out:
+            raise OptedOut("protect", protection.opt_out.reasons)
+        self.out_since = workflow.now()
+        self.node_gpus = protection.node.gpu_allocatable
+        for action in protection.actions:
+            self.actions.append(action)
+            self.decide("protect", action.summary)
+        if protection.jobs:
+            self.decide("protect", "jobs on the node keep running until the lease: " + ", ".join(
+                f"{j.job_id} ({j.name})" for j in protection.jobs))
+        await self.request_quota_sync("protect")
+
+    async def kill_lost_jobs(self, reason: str) -> None:
+        """The XID already killed what ran on the GPU (catalog `job_lost`): the node goes DOWN and its
+        jobs are requeued now, before the lease, so they restart elsewhere at once — if the fleet
+        guard's storm limit allows (`budget.max_protective_kills_per_minute`); otherwise they wait
+        for the lease like any destructive step. The gate of a destructive step applies all the same."""
+        assert self.policy is not None
+        jobs = self.protection.jobs if self.protection is not None else None
+        if not self.protected or self.dry_run or not jobs or not self.context.slurm_enabled:
+            return
+        self.enter("protective kill")
+        if (why := approval_reason(self.policy.approvals, ("slurm_down",), 0.0)) is not None:
+            self.decide("protective kill", f"not before the lease: {why}")
+            return
+        self.kill_answer = None
+        try:
+            await self.call("protective kill", refs.GUARD_KILL,
+                            (self.cluster, LeaseRequest(workflow_id=self.workflow_id, node=self.node)), escalate=False)
+        except ActivityError:
+            self.decide("protective kill", "could not ask the fleet guard: the jobs wait for the lease")
+            return
+        if not await self.wait("the fleet guard's answer to a protective kill", lambda: self.kill_answer is not None,
+                               timeout=KILL_ANSWER_WAIT):
+            self.decide("protective kill", f"no answer from the fleet guard within {KILL_ANSWER_WAIT}: the jobs "
+                                           "wait for the lease")
+            return
+        assert self.kill_answer is not None
+        if not self.kill_answer.granted:
+            self.decide("protective kill", f"not before the lease: {self.kill_answer.reason}")
+            return
+        await self.gate("protective kill", ("slurm_down",))
+        await self.act("protective kill", refs.SET_SLURM_STATE, SetSlurmNodeState(
+            node=self.node, state=SlurmNodeState.DOWN, reason=reason, dry_run=self.dry_run))
+        self.killed = tuple(jobs)
+        self.decide("protective kill", "job(s) lost to the XID, requeued before the lease: "
+                    + ", ".join(f"{j.job_id} ({j.name})" for j in jobs))
+        # Slurm requeues them as the node goes DOWN; ours follows once they left the node.
+        await self.grace_for_checkpoints(jobs, workflow.now(), KILL_ANSWER_WAIT, ended_counts=True)
+        await self.ensure_requeued(jobs)
 
     # --- Slurm ------------------------------------------------------------------------------------
 
@@ -102,7 +190,7 @@ class TakeOutSteps(NodeRunbookBase):
             (jobs, node), _ = await asyncio.gather(read(), self.gate("take out of service",
                                                                       ("cordon", "slurm_down")))
         self.node_gpus = node.gpu_allocatable if node else 0
-        self.out_since = workflow.now()
+        self.out_since = self.out_since or workflow.now()  # the protective step may have taken it out
         if not slurm:
             self.decide("take out of service", "Slurm: skipped, not enabled on this worker")
         if drain_while_jobs and jobs:
@@ -111,7 +199,8 @@ class TakeOutSteps(NodeRunbookBase):
             self.act("take out of service", refs.SET_SLURM_STATE,
                      SetSlurmNodeState(node=self.node, state=state, reason=reason, dry_run=self.dry_run))
             if slurm else _nothing(),
-            self.act("take out of service", refs.CORDON, self.target(reason)) if taint is None
+            _nothing() if self.protected and taint == self.protective_taint  # done by the protective step
+            else self.act("take out of service", refs.CORDON, self.target(reason)) if taint is None
             else self.act("take out of service", refs.ADD_TAINT, self.taint_request(taint, reason)))
         await self.request_quota_sync("take out of service")
         if jobs:

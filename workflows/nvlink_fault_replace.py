@@ -46,15 +46,16 @@ class NvlinkFaultReplace(NodeRunbook):
                          + (", still serving inference," if policy.nvlink.keep_serving_inference else ",")
                          + " and replaced")
         why = f"{fault} on {self.node}"
-        if lemon := await self.is_lemon():
-            return await self.retire_lemon(lemon, SlurmNodeState.DOWN, why)
-
         reason = f"fleetmedic: {fault} ({self.workflow_id})"
         taint: Taint | None = None
         training_only: str | None = None
         if policy.nvlink.keep_serving_inference:
             taint = Taint.parse(policy.nvlink.degraded_taint)
             training_only = negate_equality(policy.nvlink.inference_selector)
+        if lemon := await self.protect_then_count(reason, taint):
+            return await self.retire_lemon(lemon, SlurmNodeState.DOWN, why)
+
+        if taint is not None:
             self.decide("classify", f"{why}: out of training, kept for inference behind the taint {taint} "
                                     "(policy nvlink.keep_serving_inference)")
         else:

@@ -285,8 +285,9 @@ class Runbook:
     async def call(self, step: str, activity: Activity[In, Out], arg: In, *,
                    timeout: timedelta | None = None, retry: RetryPolicy | None = None,
                    heartbeat: timedelta | None = None, summary: str | None = None,
-                   escalate: bool = True) -> Out | None:
+                   escalate: bool = True, task_queue: str | None = None) -> Out | None:
         """Run one activity; when its retries are exhausted, escalate and wait for an answer.
+        `task_queue`: another queue than the run's (the protective step's).
 
         Returns None when the operator answered `skip`.
         """
@@ -295,7 +296,8 @@ class Runbook:
             try:
                 result: Out = await execute(
                     activity, arg, start_to_close_timeout=timeout or self.call_timeout(), heartbeat_timeout=heartbeat,
-                    retry_policy=retry or self.retry("reads"), summary=summary or f"{step}: {activity.name}")
+                    retry_policy=retry or self.retry("reads"), summary=summary or f"{step}: {activity.name}",
+                    task_queue=task_queue)
             except ActivityError as err:
                 if not escalate:
                     raise

@@ -138,8 +138,10 @@ class XidRecovery(NodeRunbook):
         xid, gpu = self.input.xid, self.input.gpu  # a destructive XID that arrived later may have replaced them
         reason = f"fleetmedic: XID {xid} on GPU {gpu_name(gpu)} ({self.workflow_id})"
         why = f"XID {xid} on GPU {gpu_name(gpu)} of {self.node}: {verdict.reason}"
-        if lemon := await self.is_lemon():
+        if lemon := await self.protect_then_count(reason):
             return await self.retire_lemon(lemon, SlurmNodeState.DOWN, why)
+        if verdict.job_lost and workflow.patched("protective-kill"):
+            await self.kill_lost_jobs(reason)
 
         jobs = await self.take_out_and_drain(SlurmNodeState.DOWN, reason, self.policy.grace.checkpoint)
         requested_at = workflow.now()

@@ -1,0 +1,119 @@
+"""One watch on the cluster's nodes per worker, feeding every run that waits for a node.
+
+A run waiting for its node to come back (after a replacement, a reboot) used to hold an activity
+thread and an API connection for each 5-minute watch of its own: past ~64 such runs, every other
+activity — a new alert's included — queued behind them. Here one list-and-watch (an informer, as
+controllers keep) holds the latest state of every node, and a wait is an asyncio event on it: a
+thousand waits cost a thousand small objects, no thread, no connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client, watch
+
+from activities.errors import fail
+from fleetmedic.errors import ErrorKind
+from fleetmedic.models import NodeInfo
+
+log = logging.getLogger(__name__)
+
+# How long one watch request stays open before it is renewed (from the last resourceVersion).
+WATCH_S = 300
+# How often a wait wakes up by itself (to heartbeat, and to re-check its deadline).
+TICK_S = 5.0
+
+
+class NodeWatch:
+    """The latest state of every node, from one list and watch; `wait` for a node to match."""
+
+    def __init__(self, core: Callable[[], client.CoreV1Api], to_info: Callable[[Any], NodeInfo],
+                 timeout_s: float) -> None:
+        self._core, self._to_info, self.timeout_s = core, to_info, timeout_s
+        self._nodes: dict[str, NodeInfo] = {}
+        self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.synced = threading.Event()
+        self.last_error = ""
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fleetmedic-node-watch", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                core = self._core()
+                listed = core.list_node(_request_timeout=self.timeout_s)
+                with self._lock:
+                    self._nodes = {n.metadata.name: self._to_info(n) for n in listed.items}
+                    everyone = list(self._waiters)
+                self.synced.set()
+                self._notify(everyone)
+                version = listed.metadata.resource_version
+                while True:
+                    stream = watch.Watch().stream(core.list_node, resource_version=version, timeout_seconds=WATCH_S,
+                                                  _request_timeout=WATCH_S + self.timeout_s)
+                    for event in stream:
+                        node = event["object"]
+                        version = node.metadata.resource_version
+                        name = node.metadata.name
+                        with self._lock:
+                            if event["type"] == "DELETED":
+                                self._nodes.pop(name, None)
+                            else:
+                                self._nodes[name] = self._to_info(node)
+                        self._notify([name])
+            except Exception as exc:  # 410 Gone, a broken connection, the API down: list again
+                self.last_error = str(exc)[:300]
+                log.debug("node watch: %s; listing again", exc)
+                time.sleep(1)
+
+    def _notify(self, names: list[str]) -> None:
+        with self._lock:
+            waiting = [w for name in names for w in self._waiters.get(name, ())]
+        for loop, event in waiting:
+            loop.call_soon_threadsafe(event.set)
+
+    async def wait(self, name: str, match: Callable[[NodeInfo | None], NodeInfo | None], timeout_s: float,
+                   tick: Callable[[], None]) -> NodeInfo | None:
+        """The node as `match` returns it once it matches, or None after `timeout_s`. `tick` runs
+        every few seconds meanwhile (the activity's heartbeat: how a cancellation reaches it)."""
+        self._start()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        deadline = began + timeout_s
+        while True:
+            event = asyncio.Event()
+            with self._lock:
+                self._waiters.setdefault(name, set()).add((loop, event))
+            try:
+                if self.synced.is_set():
+                    with self._lock:
+                        current = self._nodes.get(name)
+                    if (found := match(current)) is not None:
+                        return found
+                elif loop.time() - began > 3 * self.timeout_s:
+                    raise fail(ErrorKind.UNAVAILABLE, f"cannot list and watch nodes: {self.last_error or 'no answer'}")
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return None
+                try:
+                    await asyncio.wait_for(event.wait(), min(remaining, TICK_S))
+                except TimeoutError:
+                    tick()
+            finally:
+                with self._lock:
+                    waiters = self._waiters.get(name, set())
+                    waiters.discard((loop, event))
+                    if not waiters:
+                        self._waiters.pop(name, None)

@@ -1,0 +1,79 @@
+"""The protective step: a bad node stops receiving work within a second of its alert.
+
+Protective means reversible and killing nothing: the Kubernetes cordon (or the runbook's taint)
+and Slurm DRAIN — no new pod or job lands there, whatever already runs keeps running. So it runs
+before the disruption lease, right after one read of the node: its opt-out (its label, or a
+label of a pod on it) and its Slurm jobs, read at the same time. The steps that kill work
+(Slurm DOWN, requeue, drain, replace, reset) still wait for the lease.
+
+One activity for read and write, on its own task queue (`RunContext.protective_queue`) with
+its own slots: no backlog of drains, evictions or watches on the worker's main queue can hold a
+new alert's cordon up.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from temporalio import activity
+
+from activities.kubernetes import KubernetesActivities
+from activities.slurm import SlurmActivities
+from fleetmedic.models import (
+    ActionResult,
+    NodeTarget,
+    Protection,
+    ProtectRequest,
+    SetSlurmNodeState,
+    SlurmJob,
+    SlurmNodeState,
+    TaintRequest,
+)
+
+T = TypeVar("T")
+
+
+class ProtectiveActivities:
+    def __init__(self, kubernetes: KubernetesActivities, slurm: SlurmActivities, *, threads: int = 8) -> None:
+        self.kubernetes = kubernetes
+        self.slurm = slurm
+        # Kubernetes and Slurm are asked side by side; each call keeps its own timeout.
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fleetmedic-protect")
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        # The activity's context (its info, for the remediation record) goes with the call.
+        return self.pool.submit(contextvars.copy_context().run, fn, *args)
+
+    @activity.defn(name="protect.node")
+    def protect_node(self, request: ProtectRequest) -> Protection:
+        """Read the node, its opt-out and its Slurm jobs; unless it is opted out (or missing), cordon
+        or taint it and set it DRAIN in Slurm, together. Idempotent: a retry finds it done."""
+        looked = self._submit(self.kubernetes.look, request.node)
+        jobs: Future[list[SlurmJob]] | None = (self._submit(self.slurm.jobs_on_node, request.node)
+                                               if request.slurm else None)
+        node, opt_out = looked.result()
+        read_jobs = jobs.result() if jobs is not None else None
+        if node is None or opt_out.opted_out:
+            return Protection(node=node, opt_out=opt_out, jobs=read_jobs)
+        writes: list[Future[ActionResult]] = []
+        if request.taint is None:
+            writes.append(self._submit(self.kubernetes.cordon_node, NodeTarget(
+                node=request.node, workflow_id=request.workflow_id, reason=request.reason, dry_run=request.dry_run)))
+        else:
+            writes.append(self._submit(self.kubernetes.add_taint, TaintRequest(
+                node=request.node, taint=request.taint, dry_run=request.dry_run, workflow_id=request.workflow_id,
+                reason=request.reason)))
+        if request.slurm:
+            writes.append(self._submit(self.slurm.set_node_state, SetSlurmNodeState(
+                node=request.node, state=SlurmNodeState.DRAIN, reason=request.reason, dry_run=request.dry_run)))
+        # Both are attempted before either failure is raised: a retry redoes only what is missing.
+        errors = [w.exception() for w in writes]
+        if (error := next((e for e in errors if e is not None), None)) is not None:
+            raise error
+        return Protection(node=node, opt_out=opt_out, jobs=read_jobs, actions=[w.result() for w in writes])
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [self.protect_node]

@@ -1,0 +1,42 @@
+"""FleetMedic's own commands as child processes (`fleetmedic worker`, `fleetmedic webhook`), for
+tests and benchmarks that need them apart from the caller: a crash to simulate, or CPU that the
+measuring process must not share. Each is stopped by its own PID, never by name."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+class FleetMedicProcess:
+    """`fleetmedic <args>` with `env`, its output appended to `log`."""
+
+    def __init__(self, args: Sequence[str], env: dict[str, str], log: Path) -> None:
+        self.args, self.env, self.log = list(args), env, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.kills = 0
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "workers.cli", *self.args], env=self.env,
+                                         stdout=out, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        """SIGKILL, as a node losing power would."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.kills += 1
+
+    def stop(self, grace_s: float = 40) -> None:
+        """SIGTERM (a graceful shutdown), then SIGKILL after `grace_s`."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -1,0 +1,103 @@
+"""Protective first (DESIGN.md): a bad node is cordoned and set DRAIN in Slurm right after one read
+of it, before the disruption lease — and nothing that kills work (DOWN, the checkpoint signal,
+requeue, eviction, replacement) happens until the lease comes. Observed from the outside: the API
+server, slurmctld, the job's own log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import WorkflowHandle
+
+from activities.start import start_or_attach
+from fleetmedic.ids import guard_workflow_id, node_workflow_id
+from fleetmedic.models import GuardState, Operator, RunbookStatus
+from tests.gate_check import assert_gated
+from tests.harness import CHECKPOINTING_JOB, job_on, settings_for, worker_for
+from tests.runbook_stack import Stack, status_when
+
+
+async def test_a_paused_fleet_still_takes_a_bad_node_out_of_service_but_kills_nothing(stack: Stack) -> None:
+    policy = stack.policy()
+    job = stack.slurm.submit(CHECKPOINTING_JOB.format(root=policy.storage.root))
+    node = job_on(stack.slurm, job)
+    # An operator froze the fleet: no lease, no destructive step anywhere.
+    guard = await start_or_attach(stack.client, "fleet-guard", GuardState(cluster=stack.cluster),
+                                  workflow_id=guard_workflow_id(stack.cluster), task_queue=stack.task_queue,
+                                  signal="pause", signal_args=[Operator(by="dana", reason="change freeze")])
+
+    async def while_paused(handle: WorkflowHandle[Any, RunbookStatus]) -> None:
+        status = await status_when(handle, lambda s: s.step == "take disruption lease"
+                                   and "paused by dana" in (s.waiting_for or ""))
+        # Out of service for new work: cordoned (and said why) in the API, DRAIN in Slurm.
+        annotations = stack.node(node)["metadata"].get("annotations", {})
+        assert stack.node(node)["spec"].get("unschedulable") is True
+        assert annotations.get("fleetmedic.io/workflow") == handle.id
+        state, reason = stack.slurm_state(node)
+        assert state == "drng" and reason.startswith("fleetmedic: XID 79"), (state, reason)
+        # ... and nothing killed: the job runs on, was never signalled, nothing evicted or replaced.
+        assert stack.slurm.run("squeue", "-h", "-j", str(job), "-o", "%T").stdout.strip() == "RUNNING"
+        log = (Path(policy.storage.root) / f"{job}.log").read_text()
+        assert "sigterm" not in log and len(log.splitlines()) == 1
+        assert stack.evicted() == [] and stack.provider.accepted() == []
+        assert any(d.step == "protect" and "keep running until the lease" in d.result for d in status.decisions)
+        await guard.signal("resume", Operator(by="dana"))
+
+    report, handle = await stack.run(node, policy=policy, during=while_paused, replace_s=2)
+    assert report.outcome == "remediated", report.decisions
+    # After the pause the run went the whole way: signal, checkpoint, DOWN, requeue, drain, back.
+    log = (Path(policy.storage.root) / f"{job}.log").read_text().splitlines()
+    assert log[1].startswith("sigterm") and "restarts=1" in log[2]
+    assert not stack.node(node)["spec"].get("unschedulable")
+    # Every destructive call still passed the gate of its own step, after the lease.
+    assert {"slurm.set_node_state", "slurm.signal_job", "k8s.evict_pods", "provider.request"} <= assert_gated(
+        await handle.fetch_history())
+
+
+
+async def test_a_job_its_xid_killed_restarts_before_the_lease_within_the_storm_limit(stack: Stack) -> None:
+    """XID 79 has killed the job on the GPU already (catalog `job_lost`): the node goes DOWN and the
+    job is requeued while its run still waits in line for a lease — for one node a minute (the
+    policy's storm limit here); the next such node keeps its job running until its own lease."""
+    policy = stack.policy(budget={"max_protective_kills_per_minute": 1})
+    root = policy.storage.root
+    job_a = stack.slurm.submit(CHECKPOINTING_JOB.format(root=root), "-w", "gpu-node-0")
+    job_b = stack.slurm.submit(CHECKPOINTING_JOB.format(root=root), "-w", "gpu-node-1")
+    assert job_on(stack.slurm, job_a) == "gpu-node-0" and job_on(stack.slurm, job_b) == "gpu-node-1"
+    settings = settings_for(stack.task_queue, stack.kube, slurm=stack.slurm, slack=stack.slack, provider=stack.provider)
+
+    async def start(node: str) -> WorkflowHandle[Any, RunbookStatus]:
+        return await stack.client.start_workflow(
+            "xid-recovery", stack.start_input("xid-recovery", node), id=node_workflow_id("xid-recovery", stack.cluster,
+                                                                                         node),
+            task_queue=stack.task_queue, result_type=RunbookStatus)
+
+    def in_line_after(decision: str) -> Any:
+        return lambda s: s.step == "take disruption lease" and any(decision in d.result for d in s.decisions)
+
+    async with worker_for(stack.client, settings, policy):
+        # 3 GPU nodes, 10 % at most out: one lease, which this run keeps while its node is replaced.
+        holder = await start("gpu-node-2")
+        await status_when(holder, lambda s: s.step in ("replace", "wait for node Ready"))
+        first = await start("gpu-node-0")
+        second: WorkflowHandle[Any, RunbookStatus] | None = None
+        try:
+            await status_when(first, in_line_after("requeued before the lease"))
+            # From Slurm: node DOWN, the job requeued (restarted once), while its run is still in line.
+            assert "DOWN" in stack.slurm.node_states("gpu-node-0")
+            shown = stack.slurm.run("scontrol", "show", "job", str(job_a)).stdout
+            assert "Restarts=1" in shown and "JobState=RUNNING" not in shown, shown
+            # The storm limit: the second node only stops taking work; its job runs on, never signalled.
+            second = await start("gpu-node-1")
+            await status_when(second, in_line_after("not before the lease: 1 protective kill(s) in the last minute"))
+            assert stack.slurm.node_states("gpu-node-1") >= {"DRAIN"} and "DOWN" not in stack.slurm.node_states(
+                "gpu-node-1")
+            assert stack.slurm.run("squeue", "-h", "-j", str(job_b), "-o", "%T").stdout.strip() == "RUNNING"
+            assert "sigterm" not in (Path(root) / f"{job_b}.log").read_text()
+            # The kill before the lease passed the gate of a destructive step all the same.
+            assert "slurm.set_node_state" in assert_gated(await first.fetch_history())
+        finally:
+            for handle in (holder, first, second):
+                if handle is not None:
+                    await handle.terminate("test over")
