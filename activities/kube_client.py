@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, config
@@ -27,10 +28,12 @@ MAX_RETRY_AFTER_S = 30.0
 class RateLimiter:
     """A token bucket (`qps` a second, `burst` at once), shared by every thread of the process."""
 
-    def __init__(self, qps: float, burst: int) -> None:
+    def __init__(self, qps: float, burst: int, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.qps, self.burst = qps, burst
+        self.clock, self.sleep = clock, sleep
         self.tokens = float(burst)
-        self.at = time.monotonic()
+        self.at = clock()
         self.hold_until = 0.0
         self.lock = threading.Lock()
         self.waited_s = 0.0  # time requests spent waiting for a token or a hold, for the metrics
@@ -39,7 +42,7 @@ class RateLimiter:
         """Take a token, waiting at most `timeout_s`; a request that would wait longer fails now
         (retried by its activity's bounded policy) rather than queue without end."""
         with self.lock:
-            now = time.monotonic()
+            now = self.clock()
             self.tokens = min(self.burst, self.tokens + (now - self.at) * self.qps)
             self.at = now
             self.tokens -= 1  # reserved now: callers queue in arrival order
@@ -50,12 +53,12 @@ class RateLimiter:
                                               f"slot (kube_api.qps {self.qps:g}, burst {self.burst})")
             self.waited_s += wait
         if wait > 0:
-            time.sleep(wait)
+            self.sleep(wait)
 
     def back_off(self, seconds: float) -> None:
         """The server said 429: every caller holds for `seconds` (at most MAX_RETRY_AFTER_S)."""
         with self.lock:
-            self.hold_until = max(self.hold_until, time.monotonic() + min(max(seconds, 1.0), MAX_RETRY_AFTER_S))
+            self.hold_until = max(self.hold_until, self.clock() + min(max(seconds, 1.0), MAX_RETRY_AFTER_S))
 
 
 class LimitedApiClient(ApiClient):  # type: ignore[misc]  # the client is untyped
@@ -65,21 +68,27 @@ class LimitedApiClient(ApiClient):  # type: ignore[misc]  # the client is untype
         super().__init__(configuration)
         self.limiter = limiter
         self.timeout_s = timeout_s
+        send = self.rest_client.request  # every API call of the generated client ends here
 
-    def request(self, *args: Any, **kwargs: Any) -> Any:
-        self.limiter.acquire(self.timeout_s)
-        try:
-            return super().request(*args, **kwargs)
-        except ApiException as exc:
-            if exc.status == 429:
-                self.limiter.back_off(_retry_after(exc))
-            raise
+        def limited(*args: Any, **kwargs: Any) -> Any:
+            self.limiter.acquire(self.timeout_s)
+            try:
+                response = send(*args, **kwargs)
+            except ApiException as exc:  # client versions that raise here
+                if exc.status == 429:
+                    self.limiter.back_off(_retry_after(exc.headers))
+                raise
+            if getattr(response, "status", None) == 429:  # those that raise later, from the response
+                self.limiter.back_off(_retry_after(response.getheaders()))
+            return response
+
+        self.rest_client.request = limited
 
 
-def _retry_after(exc: ApiException) -> float:
+def _retry_after(headers: Any) -> float:
     try:
-        return float((exc.headers or {}).get("Retry-After", "1"))
-    except ValueError:
+        return float((headers or {}).get("Retry-After", "1"))
+    except (TypeError, ValueError):
         return 1.0
 
 

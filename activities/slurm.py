@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 
 import httpx
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.errors import fail, http_errors, raise_for_status
 from fleetmedic.errors import ErrorKind
@@ -90,8 +92,20 @@ def job_from_json(raw: dict[str, Any]) -> SlurmJob:
 
 
 class SlurmReader(Protocol):
-    def nodes(self) -> list[dict[str, Any]]: ...
+    def node(self, name: str) -> SlurmNode | None: ...
     def jobs(self) -> list[dict[str, Any]]: ...
+
+
+def node_from_scontrol(line: str) -> SlurmNode:
+    """One node of `scontrol show node -o NAME`: `State=IDLE+DRAIN` gives the state and its flags
+    (`*`: not responding); `Reason=` runs to the end of the line, less its `[user@time]`."""
+    fields = dict(f.partition("=")[::2] for f in line.split() if "=" in f)
+    parts = [p for p in fields.get("State", "").split("+") if p]
+    state = parts[0].rstrip("*").lower() if parts else ""
+    reason = line.partition(" Reason=")[2].strip() if " Reason=" in line else ""
+    reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", reason)
+    return SlurmNode(name=fields.get("NodeName", ""), state=state, flags=[p.rstrip("*").upper() for p in parts[1:]],
+                     reason="" if reason == "none" else reason)
 
 
 class SlurmCli:
@@ -124,8 +138,17 @@ class SlurmCli:
         raise_slurm_errors(data, f"{argv[0]} --json")
         return data
 
-    def nodes(self) -> list[dict[str, Any]]:
-        return list(self._json("sinfo", "--json").get("nodes", []))
+    def node(self, name: str) -> SlurmNode | None:
+        """The one node: `scontrol show node -o NAME`, not `sinfo --json`, which dumps every node of
+        the cluster (thousands) for each write and ignores its filters in 22.05."""
+        try:
+            out = self.run("scontrol", "show", "node", "-o", name)
+        except ApplicationError as exc:
+            if exc.type == ErrorKind.NOT_FOUND:
+                return None
+            raise
+        line = next((ln for ln in out.splitlines() if ln.startswith(f"NodeName={name} ")), None)
+        return node_from_scontrol(line) if line is not None else None
 
     def jobs(self) -> list[dict[str, Any]]:
         return list(self._json("squeue", "--json").get("jobs", []))
@@ -146,8 +169,14 @@ class SlurmRest:
         raise_slurm_errors(data, f"slurmrestd {path}")
         return data
 
-    def nodes(self) -> list[dict[str, Any]]:
-        return list(self._get("/slurm/v0.0.38/nodes").get("nodes", []))
+    def node(self, name: str) -> SlurmNode | None:
+        try:
+            nodes = self._get(f"/slurm/v0.0.38/node/{name}").get("nodes", [])
+        except ApplicationError as exc:
+            if exc.type == ErrorKind.NOT_FOUND:
+                return None
+            raise
+        return next((node_from_json(raw) for raw in nodes if raw.get("name") == name), None)
 
     def jobs(self) -> list[dict[str, Any]]:
         return list(self._get("/slurm/v0.0.38/jobs").get("jobs", []))
@@ -160,10 +189,10 @@ class SlurmActivities:
         self.force_dry_run = force_dry_run
 
     def _node(self, name: str) -> SlurmNode:
-        for raw in self.reader.nodes():
-            if raw.get("name") == name:
-                return node_from_json(raw)
-        raise fail(ErrorKind.NOT_FOUND, f"Slurm has no node {name}")
+        node = self.reader.node(name)
+        if node is None:
+            raise fail(ErrorKind.NOT_FOUND, f"Slurm has no node {name}")
+        return node
 
     def get_node(self, name: str) -> SlurmNode:
         return self._node(name)

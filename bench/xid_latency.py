@@ -29,12 +29,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -42,34 +39,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
-from kubernetes import client as k8s_client
-from kubernetes import watch
 from temporalio import activity, workflow
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.stats import percentile
-from devstack import fleet
-from devstack.dev import temporal_binary
-from devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds, missing_binaries
-from devstack.kube_world import RealKube
-from devstack.processes import FleetMedicProcess
-from devstack.slurm_cluster import LocalSlurmCluster, free_port
-from devstack.standins import ProviderStandIn
-from fleetmedic.ids import SEARCH_ATTRIBUTES, node_workflow_id
+from bench.world import CLUSTER, QUEUE, BenchWorld
+from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import NodeRunbookInput
-
-CLUSTER = "bench"
-QUEUE = "bench"
-TOKEN = "bench-token"
-OBSERVE_TIMEOUT_S = 60.0
-SLURM_OUT = re.compile(r"^\[(\S+)\] update_node: node (\S+) state set to (DRAIN\w*|DOWN)", re.M)
-
 
 # --- the floor: a trivial workflow with one activity, on the same server ----------------------------
 
@@ -105,47 +84,6 @@ async def floor(client: Client, runs: int) -> list[float]:
 
 # --- what an operator sees ----------------------------------------------------------------------------
 
-class Observed:
-    """When each node was first seen unschedulable (a watch on the API) and out of service in Slurm
-    (slurmctld's log)."""
-
-    def __init__(self, api: Any, slurm_log: Path) -> None:
-        self.api, self.slurm_log = api, slurm_log
-        self.cordoned: dict[str, float] = {}
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._watch, daemon=True, name="node-watch")
-        self.thread.start()
-
-    def _watch(self) -> None:
-        core = k8s_client.CoreV1Api(self.api)
-        while not self.stop.is_set():
-            try:
-                for event in watch.Watch().stream(core.list_node, timeout_seconds=5):
-                    node = event["object"]
-                    if node.spec and node.spec.unschedulable:
-                        self.cordoned.setdefault(node.metadata.name, time.time())
-            except Exception:  # a broken watch is opened again
-                time.sleep(0.1)
-
-    def slurm_out(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for stamp, node, _ in SLURM_OUT.findall(self.slurm_log.read_text()):
-            out.setdefault(node, datetime.fromisoformat(stamp).timestamp())
-        return out
-
-    async def wait(self, nodes: list[str]) -> dict[str, float]:
-        """When each of `nodes` was out of service in both systems."""
-        deadline = time.monotonic() + OBSERVE_TIMEOUT_S
-        while time.monotonic() < deadline:
-            slurm = self.slurm_out()
-            if all(n in self.cordoned and n in slurm for n in nodes):
-                return {n: max(self.cordoned[n], slurm[n]) for n in nodes}
-            await asyncio.sleep(0.05)
-        missing = [n for n in nodes if n not in self.cordoned or n not in self.slurm_out()]
-        raise SystemExit(json.dumps({"error": f"{len(missing)} node(s) never observed out of service within "
-                                              f"{OBSERVE_TIMEOUT_S:g} s", "nodes": missing[:10]}))
-
-
 async def alert(http: httpx.AsyncClient, node: str) -> float:
     """POST one firing XID 79 for `node`; returns when it was sent."""
     body = {"version": "4", "groupKey": node, "status": "firing", "receiver": "fleetmedic", "alerts": [
@@ -158,9 +96,9 @@ async def alert(http: httpx.AsyncClient, node: str) -> float:
     return began
 
 
-async def round_of(http: httpx.AsyncClient, observed: Observed, nodes: list[str]) -> list[float]:
-    sent = dict(zip(nodes, await asyncio.gather(*(alert(http, n) for n in nodes)), strict=True))
-    seen = await observed.wait(nodes)
+async def round_of(world: BenchWorld, nodes: list[str]) -> list[float]:
+    sent = dict(zip(nodes, await asyncio.gather(*(alert(world.http, n) for n in nodes)), strict=True))
+    seen = await world.observed.wait(nodes)
     return [seen[n] - sent[n] for n in nodes]
 
 
@@ -189,65 +127,23 @@ async def in_flight(client: Client, count: int, nodes: list[str]) -> float:
 
 
 async def main(sequential: int, concurrent: int, flying: int) -> dict[str, Any]:
-    if missing_binaries():
-        raise SystemExit(json.dumps({"error": "the real control plane is not built: run scripts/install-kube"}))
-    workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-bench-"))
     names = {case: [f"gpu-{case}-{i}" for i in range(n)] for case, n in
              (("s", sequential), ("c", concurrent), ("f", flying), ("l", concurrent))}
-    every = [n for group in names.values() for n in group]
-    env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(),
-                                                data_converter=pydantic_data_converter,
-                                                search_attributes=SEARCH_ATTRIBUTES, dev_server_log_level="error")
-    processes: list[FleetMedicProcess] = []
-    try:
-        with LocalKubeCluster(workdir / "kube") as cluster, \
-                LocalSlurmCluster([], silent_nodes=every, workdir=workdir / "slurm") as slurm, \
-                ProviderStandIn(token="bench") as provider:
-            install_rbac_and_crds(cluster)
-            world = RealKube(cluster, None, workdir)
-            for name in every:
-                world.put(fleet.node(name))
-            policy = {
-                "provider": {"kind": "http", "http": {"url": provider.url}}, "storage": {"root": str(workdir)},
-                # A budget that admits every run: this measures latency, not the queue the fleet guard
-                # would (rightly) form; the replacement never comes within the benchmark.
-                "budget": {"max_concurrent": 10000, "max_unavailable_fraction": 1.0, "max_per_hour": 100000,
-                           "topology_label": None},
-                "grace": {"node_ready_deadline": "6h"}, "routing": {"clusters": [CLUSTER]},
-            }
-            (workdir / "policy.yaml").write_text(yaml.safe_dump(policy))
-            port = free_port()
-            process_env = {**os.environ, "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
-                           "FLEETMEDIC_TASK_QUEUE": QUEUE, "FLEETMEDIC_POLICY": str(workdir / "policy.yaml"),
-                           "KUBECONFIG": str(world.kubeconfig), "FLEETMEDIC_SLURM": "on", "SLURM_CONF": str(slurm.conf),
-                           "FLEETMEDIC_PROVIDER_TOKEN": "bench", "FLEETMEDIC_METRICS_PORT": "0",
-                           "FLEETMEDIC_WEBHOOK_TOKEN": TOKEN}
-            processes = [FleetMedicProcess(["worker"], process_env, workdir / "worker.log"),
-                         FleetMedicProcess(["webhook", "--host", "127.0.0.1", "--port", str(port)], process_env,
-                                           workdir / "webhook.log")]
-            for process in processes:
-                process.start()
-            observed = Observed(world.api, slurm.dir / "log" / "slurmctld.log")
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30,
-                                         headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-                for _ in range(300):
-                    try:
-                        if (await http.get("/healthz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await asyncio.sleep(0.1)
-                await round_of(http, observed, ["gpu-f-0"])  # warm-up: worker, webhook, guard (not counted)
-                floor_s = await floor(env.client, sequential)
-                one_at_a_time = [(await round_of(http, observed, [n]))[0] for n in names["s"]]
-                together = await round_of(http, observed, names["c"])
-                ramp_s = await in_flight(env.client, flying - 1, names["f"][1:])
-                late = await round_of(http, observed, names["l"])
-            observed.stop.set()
-    finally:
-        for process in processes:
-            process.stop()
-        await env.shutdown()
+    policy = {
+        # A budget that admits every run: this measures latency, not the queue the fleet guard would
+        # (rightly) form; the replacement never comes within the benchmark.
+        "budget": {"max_concurrent": 10000, "max_unavailable_fraction": 1.0, "max_per_hour": 100000,
+                   "topology_label": None},
+        "grace": {"node_ready_deadline": "6h"},
+    }
+    workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-bench-"))
+    async with BenchWorld([n for group in names.values() for n in group], workdir, policy) as world:
+        await round_of(world, ["gpu-f-0"])  # warm-up: worker, webhook, guard (not counted)
+        floor_s = await floor(world.client, sequential)
+        one_at_a_time = [(await round_of(world, [n]))[0] for n in names["s"]]
+        together = await round_of(world, names["c"])
+        ramp_s = await in_flight(world.client, flying - 1, names["f"][1:])
+        late = await round_of(world, names["l"])
     floor_p99 = percentile(floor_s, 99)
     return {
         "benchmark": "xid_latency", "kubernetes": "real control plane",

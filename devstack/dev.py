@@ -97,11 +97,13 @@ def refuse_taken_ports(options: DevOptions) -> None:
                                  f"dev or Temporal server? Stop it, or choose another with {flag}")
 
 
-def start_temporal(options: DevOptions) -> subprocess.Popen[bytes]:
+def start_temporal(options: DevOptions, *, persist: bool = True) -> subprocess.Popen[bytes]:
+    """The dev server as our child process. `persist=False`: in memory (benchmarks)."""
     options.state_dir.mkdir(parents=True, exist_ok=True)
     argv = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(options.port),
-            "--ui-port", str(options.ui_port), "--db-filename", str(options.state_dir / "temporal.db"),
-            "--log-level", "warn"]
+            "--ui-port", str(options.ui_port), "--log-level", "warn"]
+    if persist:
+        argv += ["--db-filename", str(options.state_dir / "temporal.db")]
     for key in SEARCH_ATTRIBUTES:
         argv += ["--search-attribute", f"{key.name}={_sa_type(key.indexed_value_type.name)}"]
     log_file = open(options.state_dir / "temporal.log", "ab")

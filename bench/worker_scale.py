@@ -1,0 +1,78 @@
+"""Benchmark: thousands of runs in flight on one worker process.
+
+`--runs` (5,000) XID 79 runs on as many nodes, each taken out of service and then waiting for a
+replacement that takes longer than the benchmark (as real ones take minutes to hours) — the
+state a fleet-wide incident leaves a worker in. One `fleetmedic worker` process, on the real
+control plane, Debian's slurmctld and the Temporal dev server (bench/world.py). Reported: whether
+every run got there without an error, escalation or client-pool warning; the worker's peak RSS
+(target < 1 GiB); CPU seconds per run of the worker and of the Temporal server; and how long it
+took to get all of them there.
+
+    python bench/worker_scale.py [--runs 5000]
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.world import CLUSTER, QUEUE, BenchWorld, cpu_seconds, peak_rss_mib
+from fleetmedic.ids import node_workflow_id
+from fleetmedic.models import NodeRunbookInput
+
+WAITING = f'FleetCluster = "{CLUSTER}" AND FleetStep = "wait for node Ready"'
+CLOSED = f'FleetCluster = "{CLUSTER}" AND ExecutionStatus != "Running"'
+
+
+async def main(runs: int, deadline_s: float) -> dict[str, Any]:
+    nodes = [f"gpu-{i}" for i in range(runs)]
+    policy = {"budget": {"max_concurrent": 100000, "max_unavailable_fraction": 1.0, "max_per_hour": 1000000,
+                         "topology_label": None},
+              "grace": {"node_ready_deadline": "6h"}}
+    workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-scale-"))
+    async with BenchWorld(nodes, workdir, policy, webhook=False) as world:
+        worker_cpu, server_cpu = cpu_seconds(world.worker_pid()), cpu_seconds(world.temporal.pid)
+        began = time.monotonic()
+        for start in range(0, runs, 200):
+            await asyncio.gather(*(world.client.start_workflow(
+                "xid-recovery", NodeRunbookInput(cluster=CLUSTER, node=n, gpu=0, xid=79),
+                id=node_workflow_id("xid-recovery", CLUSTER, n), task_queue=QUEUE) for n in nodes[start:start + 200]))
+        waiting = 0
+        while time.monotonic() - began < deadline_s:
+            waiting = (await world.client.count_workflows(WAITING)).count
+            if waiting >= runs:
+                break
+            await asyncio.sleep(5)
+        ramp_s = time.monotonic() - began
+        worker_cpu = cpu_seconds(world.worker_pid()) - worker_cpu
+        server_cpu = cpu_seconds(world.temporal.pid) - server_cpu
+        rss = peak_rss_mib(world.worker_pid())
+        closed = (await world.client.count_workflows(CLOSED)).count
+        log = world.worker.log.read_text(errors="replace")
+    pool_warnings = log.count("Connection pool is full")
+    return {
+        "benchmark": "worker_scale", "kubernetes": "real control plane", "runs": runs,
+        "waiting_for_replacement": waiting, "all_there": waiting >= runs, "closed": closed,
+        "client_pool_warnings": pool_warnings, "tracebacks_in_worker_log": log.count("Traceback"),
+        "worker_peak_rss_mib": round(rss, 1), "target_rss_mib": 1024, "meets_rss_target": rss < 1024,
+        "worker_cpu_s_per_run": round(worker_cpu / runs, 4), "temporal_cpu_s_per_run": round(server_cpu / runs, 4),
+        "ramp_s": round(ramp_s, 1), "runs_per_s": round(waiting / ramp_s, 1),
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5000)
+    parser.add_argument("--deadline", type=float, default=3600, help="seconds to wait for every run to get there")
+    options = parser.parse_args()
+    print(json.dumps(asyncio.run(main(options.runs, options.deadline))))

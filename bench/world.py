@@ -1,0 +1,167 @@
+"""The world the latency and scale benchmarks run in, with FleetMedic as it is deployed: the
+Temporal dev server (in memory), the real Kubernetes control plane (scripts/install-kube),
+Debian's slurmctld — its nodes without slurmd, a fleet's worth of them —, the provider stand-in,
+and `fleetmedic worker` and `fleetmedic webhook` as processes of their own. What an operator sees
+is read from the outside: a watch on the nodes and slurmctld's own log."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import yaml
+from kubernetes import client as k8s_client
+from kubernetes import watch
+from temporalio.client import Client
+
+from devstack import fleet
+from devstack.dev import DevOptions, _stop_process, start_temporal
+from devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds, missing_binaries
+from devstack.kube_world import RealKube
+from devstack.processes import FleetMedicProcess
+from devstack.slurm_cluster import LocalSlurmCluster, free_port
+from devstack.standins import ProviderStandIn
+from workers.temporal_client import connect
+
+CLUSTER = "bench"
+QUEUE = "bench"
+TOKEN = "bench-token"
+SLURM_OUT = re.compile(r"^\[(\S+)\] update_node: node (\S+) state set to (DRAIN\w*|DOWN)", re.M)
+
+
+class Observed:
+    """When each node was first seen unschedulable (a watch on the API) and out of service in Slurm
+    (slurmctld's log, millisecond timestamps)."""
+
+    def __init__(self, api: Any, slurm_log: Path) -> None:
+        self.api, self.slurm_log = api, slurm_log
+        self.cordoned: dict[str, float] = {}
+        self.stop = threading.Event()
+        threading.Thread(target=self._watch, daemon=True, name="node-watch").start()
+
+    def _watch(self) -> None:
+        core = k8s_client.CoreV1Api(self.api)
+        while not self.stop.is_set():
+            try:
+                for event in watch.Watch().stream(core.list_node, timeout_seconds=5):
+                    node = event["object"]
+                    if node.spec and node.spec.unschedulable:
+                        self.cordoned.setdefault(node.metadata.name, time.time())
+            except Exception:  # a broken watch is opened again
+                time.sleep(0.1)
+
+    def slurm_out(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for stamp, node, _ in SLURM_OUT.findall(self.slurm_log.read_text()):
+            out.setdefault(node, datetime.fromisoformat(stamp).timestamp())
+        return out
+
+    async def wait(self, nodes: list[str], timeout_s: float = 60) -> dict[str, float]:
+        """When each of `nodes` was out of service in both systems."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            slurm = self.slurm_out()
+            if all(n in self.cordoned and n in slurm for n in nodes):
+                return {n: max(self.cordoned[n], slurm[n]) for n in nodes}
+            await asyncio.sleep(0.05)
+        missing = [n for n in nodes if n not in self.cordoned or n not in self.slurm_out()]
+        raise SystemExit(json.dumps({"error": f"{len(missing)} node(s) never observed out of service within "
+                                              f"{timeout_s:g} s", "nodes": missing[:10]}))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (its own, not its children's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class BenchWorld:
+    """`async with BenchWorld(nodes, workdir, policy) as world:` — everything up, every node in the
+    API and in Slurm; on exit every process this started is stopped by its PID."""
+
+    def __init__(self, nodes: list[str], workdir: Path, policy: dict[str, Any], *, webhook: bool = True,
+                 worker_env: dict[str, str] | None = None) -> None:
+        if missing_binaries():
+            raise SystemExit(json.dumps({"error": "the real control plane is not built: run scripts/install-kube"}))
+        self.nodes, self.workdir, self.policy = nodes, workdir, policy
+        self.with_webhook, self.worker_env = webhook, worker_env or {}
+        self.stack = contextlib.ExitStack()
+        self.processes: list[FleetMedicProcess] = []
+
+    async def __aenter__(self) -> BenchWorld:
+        try:
+            options = DevOptions(state_dir=self.workdir / "temporal", port=free_port(), ui_port=free_port())
+            self.temporal = start_temporal(options, persist=False)
+            self.stack.callback(_stop_process, self.temporal)
+            self.address = f"127.0.0.1:{options.port}"
+            self.client: Client = await connect(target_host=self.address, namespace="default")
+            cluster = self.stack.enter_context(LocalKubeCluster(self.workdir / "kube"))
+            install_rbac_and_crds(cluster)
+            self.kube = RealKube(cluster, None, self.workdir)
+            for name in self.nodes:
+                self.kube.put(fleet.node(name))
+            self.slurm = self.stack.enter_context(LocalSlurmCluster([], silent_nodes=self.nodes,
+                                                                    workdir=self.workdir / "slurm"))
+            self.provider = self.stack.enter_context(ProviderStandIn(token="bench"))
+            policy = {"provider": {"kind": "http", "http": {"url": self.provider.url}},
+                      "storage": {"root": str(self.workdir)}, "routing": {"clusters": [CLUSTER]}, **self.policy}
+            (self.workdir / "policy.yaml").write_text(yaml.safe_dump(policy))
+            port = free_port()
+            env = {**os.environ, "TEMPORAL_ADDRESS": self.address, "FLEETMEDIC_TASK_QUEUE": QUEUE,
+                   "FLEETMEDIC_POLICY": str(self.workdir / "policy.yaml"), "KUBECONFIG": str(self.kube.kubeconfig),
+                   "FLEETMEDIC_SLURM": "on", "SLURM_CONF": str(self.slurm.conf), "FLEETMEDIC_PROVIDER_TOKEN": "bench",
+                   "FLEETMEDIC_METRICS_PORT": "0", "FLEETMEDIC_WEBHOOK_TOKEN": TOKEN, **self.worker_env}
+            self.worker = FleetMedicProcess(["worker"], env, self.workdir / "worker.log")
+            self.processes.append(self.worker)
+            if self.with_webhook:
+                self.processes.append(FleetMedicProcess(["webhook", "--host", "127.0.0.1", "--port", str(port)], env,
+                                                        self.workdir / "webhook.log"))
+            for process in self.processes:
+                process.start()
+            self.observed = Observed(self.kube.api, self.slurm.dir / "log" / "slurmctld.log")
+            self.stack.callback(self.observed.stop.set)
+            self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                                          headers={"Authorization": f"Bearer {TOKEN}"})
+            if self.with_webhook:
+                await self._webhook_up()
+            return self
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+
+    async def _webhook_up(self) -> None:
+        for _ in range(600):
+            with contextlib.suppress(httpx.TransportError):
+                if (await self.http.get("/healthz")).status_code == 200:
+                    return
+            await asyncio.sleep(0.1)
+        raise SystemExit(json.dumps({"error": "the webhook did not answer /healthz within 60 s"}))
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        trace: TracebackType | None) -> None:
+        for process in self.processes:
+            process.stop()
+        if hasattr(self, "http"):
+            await self.http.aclose()
+        self.stack.close()
+
+    def worker_pid(self) -> int:
+        assert self.worker.proc is not None
+        return self.worker.proc.pid

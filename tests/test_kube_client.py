@@ -1,0 +1,72 @@
+"""The worker's Kubernetes client: every request passes the process's token bucket (the policy's
+`kube_api.qps` and `burst`), a 429 holds every caller for its Retry-After, and a request that
+would wait past its timeout fails at once (retried by its activity's bounded policy)."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+from temporalio.exceptions import ApplicationError
+
+from activities.kube_client import MAX_RETRY_AFTER_S, LimitedApiClient, RateLimiter, load_api_client
+from devstack import fleet
+from devstack.kube_world import RealKube
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now, self.slept = 100.0, []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(round(seconds, 3))
+        self.now += seconds
+
+
+def test_a_burst_passes_then_requests_are_spaced_at_the_rate() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(qps=2, burst=3, clock=clock, sleep=clock.sleep)
+    for _ in range(3):
+        limiter.acquire(timeout_s=10)
+    assert clock.slept == []
+    limiter.acquire(timeout_s=10)
+    limiter.acquire(timeout_s=10)
+    assert clock.slept == [0.5, 0.5]
+    clock.now += 10  # idle: the bucket refills, up to the burst
+    for _ in range(3):
+        limiter.acquire(timeout_s=10)
+    assert clock.slept == [0.5, 0.5]
+
+
+def test_a_429_holds_everyone_and_a_request_that_would_wait_too_long_fails_now() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(qps=100, burst=100, clock=clock, sleep=clock.sleep)
+    limiter.back_off(5)
+    with pytest.raises(ApplicationError) as refused:
+        limiter.acquire(timeout_s=2)
+    assert refused.value.type == "Timeout" and "rate limit" in refused.value.message
+    limiter.acquire(timeout_s=10)
+    assert clock.slept == [5.0]
+    limiter.back_off(3600)  # a silly Retry-After is capped
+    limiter.acquire(timeout_s=3600)
+    assert clock.slept[-1] == MAX_RETRY_AFTER_S
+
+
+def test_every_request_of_the_workers_client_passes_the_limiter(kube: RealKube) -> None:
+    kube.emulator.put(fleet.node("n1"))
+    api = load_api_client(str(kube.kubeconfig), pool=8, qps=1000, burst=1000)  # type: ignore[attr-defined]
+    assert isinstance(api, LimitedApiClient) and api.configuration.connection_pool_maxsize == 8
+    counted: list[float] = []
+    original = api.limiter.acquire
+    api.limiter.acquire = lambda timeout_s: (counted.append(timeout_s), original(timeout_s))[1]  # type: ignore[method-assign]
+    core = client.CoreV1Api(api)
+    core.read_node("n1")
+    core.list_node()
+    assert len(counted) == 2
+    # The API server says 429: the limiter holds every caller (for Retry-After, at least a second).
+    kube.emulator.inject("GET", "nodes", name="n1", status=429, times=1)
+    with pytest.raises(client.ApiException):
+        core.read_node("n1")
+    assert api.limiter.hold_until > api.limiter.clock()
