@@ -191,7 +191,7 @@ class KubernetesActivities:
         """The opt-out label on the node or on any pod running on it stops destructive steps."""
         return self.look(node)[1]
 
-    def look(self, node: str) -> tuple[NodeInfo | None, OptOut]:
+    def look(self, node: str) -> tuple[client.V1Node | None, OptOut]:
         """The node and its opt-out (its label, or a label of a pod running on it), read now."""
         key, value = self.policy.labels.opt_out_pair
         reasons = []
@@ -204,7 +204,7 @@ class KubernetesActivities:
         for pod in self.pods_on(node):
             if (pod.metadata.labels or {}).get(key) == value:
                 reasons.append(f"pod {pod.metadata.namespace}/{pod.metadata.name} has {key}={value}")
-        return node_info(found, self.policy.labels.gpu_resource), OptOut(opted_out=bool(reasons), reasons=reasons)
+        return found, OptOut(opted_out=bool(reasons), reasons=reasons)
 
     @activity.defn(name="k8s.wait_node_ready")
     async def wait_node_ready(self, request: WaitNodeReady) -> NodeInfo | None:
@@ -230,10 +230,14 @@ class KubernetesActivities:
         with api_errors(f"patch node {name}"):
             self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _request_timeout=self.timeout)
 
-    def _update_node(self, name: str, change: Callable[[client.V1Node], dict[str, Any] | None]) -> bool:
-        """Read-modify-write with the resourceVersion; re-read and retry on 409. False: no-op."""
+    def _update_node(self, name: str, change: Callable[[client.V1Node], dict[str, Any] | None],
+                     current: client.V1Node | None = None) -> bool:
+        """Read-modify-write with the resourceVersion; re-read and retry on 409. False: no-op.
+        `current`: the node as just read (the protective step's read): the first try writes on it."""
+        first: list[client.V1Node] = [current] if current is not None else []
+
         def attempt() -> bool:
-            node = self.read_node(name)
+            node = first.pop() if first else self.read_node(name)  # a 409 reads it again
             patch = change(node)
             if patch is None:
                 return False
@@ -259,6 +263,10 @@ class KubernetesActivities:
 
     @activity.defn(name="k8s.cordon_node")
     def cordon_node(self, target: NodeTarget) -> ActionResult:
+        return self.cordon(target)
+
+    def cordon(self, target: NodeTarget, current: client.V1Node | None = None) -> ActionResult:
+        """Cordon the node for `target`'s run; `current`: the node as just read, if it was."""
         workflow_key = self.policy.labels.workflow_annotation
         reason_key = self.policy.labels.reason_annotation
 
@@ -271,7 +279,7 @@ class KubernetesActivities:
                 new[PRE_CORDONED] = "true"  # someone else's cordon: keep it when we are done
             return {"spec": {"unschedulable": True}, "metadata": {"annotations": new}}
 
-        return self._node_action("cordon", target, change)
+        return self._node_action("cordon", target, change, current)
 
     @activity.defn(name="k8s.uncordon_node")
     def uncordon_node(self, target: NodeTarget) -> ActionResult:
@@ -303,18 +311,18 @@ class KubernetesActivities:
 
         return self._node_action("annotate", target, change)
 
-    def _node_action(self, verb: str, target: NodeTarget,
-                     change: Callable[[client.V1Node], dict[str, Any] | None]) -> ActionResult:
+    def _node_action(self, verb: str, target: NodeTarget, change: Callable[[client.V1Node], dict[str, Any] | None],
+                     current: client.V1Node | None = None) -> ActionResult:
         if self._dry(target.dry_run):
-            would_change = change(self.read_node(target.node)) is not None
+            would_change = change(current or self.read_node(target.node)) is not None
             return ActionResult(system="kubernetes", action=verb, target=f"node {target.node}",
                                 changed=False, dry_run=True,
                                 detail=target.reason if would_change else "already so")
-        changed = self._update_node(target.node, change)
+        changed = self._update_node(target.node, change, current)
         return ActionResult(system="kubernetes", action=verb, target=f"node {target.node}", changed=changed,
                             detail=target.reason)
 
-    def _taint_action(self, request: TaintRequest, add: bool) -> ActionResult:
+    def _taint_action(self, request: TaintRequest, add: bool, current: client.V1Node | None = None) -> ActionResult:
         taint = request.taint
         workflow_key = self.policy.labels.workflow_annotation
         reason_key = self.policy.labels.reason_annotation
@@ -342,15 +350,19 @@ class KubernetesActivities:
         verb = "add taint" if add else "remove taint"
         target = f"{taint} on node {request.node}"
         if self._dry(request.dry_run):
-            would = change(self.read_node(request.node)) is not None
+            would = change(current or self.read_node(request.node)) is not None
             return ActionResult(system="kubernetes", action=verb, target=target, changed=False, dry_run=True,
                                 detail="" if would else "already so")
         return ActionResult(system="kubernetes", action=verb, target=target,
-                            changed=self._update_node(request.node, change))
+                            changed=self._update_node(request.node, change, current))
 
     @activity.defn(name="k8s.add_taint")
     def add_taint(self, request: TaintRequest) -> ActionResult:
         return self._taint_action(request, add=True)
+
+    def taint(self, request: TaintRequest, current: client.V1Node | None = None) -> ActionResult:
+        """Add `request`'s taint; `current`: the node as just read, if it was."""
+        return self._taint_action(request, add=True, current=current)
 
     @activity.defn(name="k8s.remove_taint")
     def remove_taint(self, request: TaintRequest) -> ActionResult:

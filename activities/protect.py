@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from temporalio import activity
 
-from activities.kubernetes import KubernetesActivities
+from activities.kubernetes import KubernetesActivities, node_info
 from activities.slurm import SlurmActivities
 from fleetmedic.models import (
     ActionResult,
@@ -50,30 +50,33 @@ class ProtectiveActivities:
     @activity.defn(name="protect.node")
     def protect_node(self, request: ProtectRequest) -> Protection:
         """Read the node, its opt-out and its Slurm jobs; unless it is opted out (or missing), cordon
-        or taint it and set it DRAIN in Slurm, together. Idempotent: a retry finds it done."""
+        or taint it and set it DRAIN in Slurm, together. Idempotent: a retry finds it done.
+        The writes wait for the opt-out only: the jobs (a slower read) are collected after them."""
         looked = self._submit(self.kubernetes.look, request.node)
         jobs: Future[list[SlurmJob]] | None = (self._submit(self.slurm.jobs_on_node, request.node)
                                                if request.slurm else None)
-        node, opt_out = looked.result()
-        read_jobs = jobs.result() if jobs is not None else None
-        if node is None or opt_out.opted_out:
-            return Protection(node=node, opt_out=opt_out, jobs=read_jobs)
+        raw, opt_out = looked.result()
+        node = node_info(raw, self.kubernetes.policy.labels.gpu_resource) if raw is not None else None
+        if raw is None or opt_out.opted_out:
+            return Protection(node=node, opt_out=opt_out, jobs=jobs.result() if jobs is not None else None)
         writes: list[Future[ActionResult]] = []
         if request.taint is None:
-            writes.append(self._submit(self.kubernetes.cordon_node, NodeTarget(
-                node=request.node, workflow_id=request.workflow_id, reason=request.reason, dry_run=request.dry_run)))
+            writes.append(self._submit(self.kubernetes.cordon, NodeTarget(
+                node=request.node, workflow_id=request.workflow_id, reason=request.reason, dry_run=request.dry_run),
+                raw))
         else:
-            writes.append(self._submit(self.kubernetes.add_taint, TaintRequest(
+            writes.append(self._submit(self.kubernetes.taint, TaintRequest(
                 node=request.node, taint=request.taint, dry_run=request.dry_run, workflow_id=request.workflow_id,
-                reason=request.reason)))
+                reason=request.reason), raw))
         if request.slurm:
             writes.append(self._submit(self.slurm.set_node_state, SetSlurmNodeState(
                 node=request.node, state=SlurmNodeState.DRAIN, reason=request.reason, dry_run=request.dry_run)))
-        # Both are attempted before either failure is raised: a retry redoes only what is missing.
-        errors = [w.exception() for w in writes]
+        # Every write and read is waited for before a failure is raised: a retry redoes only what is missing.
+        errors = [w.exception() for w in writes] + ([jobs.exception()] if jobs is not None else [])
         if (error := next((e for e in errors if e is not None), None)) is not None:
             raise error
-        return Protection(node=node, opt_out=opt_out, jobs=read_jobs, actions=[w.result() for w in writes])
+        return Protection(node=node, opt_out=opt_out, jobs=jobs.result() if jobs is not None else None,
+                          actions=[w.result() for w in writes])
 
     def activities(self) -> list[Callable[..., Any]]:
         return [self.protect_node]

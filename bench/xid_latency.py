@@ -34,12 +34,13 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 from temporalio import activity, workflow
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -60,7 +61,7 @@ def touch(key: str) -> None:
     FLOOR_DONE[key] = time.time()
 
 
-@workflow.defn(name="bench-floor")
+@workflow.defn(name="bench-floor", sandboxed=False)  # no sandbox: this module imports the world
 class Floor:
     @workflow.run
     async def run(self, key: str) -> None:
@@ -96,9 +97,34 @@ async def alert(http: httpx.AsyncClient, node: str) -> float:
     return began
 
 
-async def round_of(world: BenchWorld, nodes: list[str]) -> list[float]:
+async def trace(client: Client, node: str, sent: float) -> dict[str, float]:
+    """Where the time of one run went, from the server's history: offsets from the POST (s)."""
+    history = await client.get_workflow_handle(node_workflow_id("xid-recovery", CLUSTER, node)).fetch_history()
+    marks: dict[str, float] = {}
+    names: dict[int, str] = {}
+    for event in history.events:
+        at = event.event_time.ToDatetime().replace(tzinfo=UTC).timestamp() - sent
+        kind = EventType.Name(event.event_type).removeprefix("EVENT_TYPE_").lower()
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            names[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+            kind = f"{names[event.event_id]} scheduled"
+        elif event.HasField("activity_task_started_event_attributes"):
+            kind = f"{names.get(event.activity_task_started_event_attributes.scheduled_event_id)} started"
+        elif event.HasField("activity_task_completed_event_attributes"):
+            kind = f"{names.get(event.activity_task_completed_event_attributes.scheduled_event_id)} completed"
+        marks.setdefault(kind, round(at, 4))
+        if kind == "protect.node completed":
+            break
+    return marks
+
+
+async def round_of(world: BenchWorld, nodes: list[str], traced: list[dict[str, float]] | None = None) -> list[float]:
     sent = dict(zip(nodes, await asyncio.gather(*(alert(world.http, n) for n in nodes)), strict=True))
     seen = await world.observed.wait(nodes)
+    if traced is not None:  # the slowest of the round, step by step
+        slowest = max(nodes, key=lambda n: seen[n] - sent[n])
+        traced.append({**await trace(world.client, slowest, sent[slowest]), "observed": round(
+            seen[slowest] - sent[slowest], 4)})
     return [seen[n] - sent[n] for n in nodes]
 
 
@@ -141,9 +167,10 @@ async def main(sequential: int, concurrent: int, flying: int) -> dict[str, Any]:
         await round_of(world, ["gpu-f-0"])  # warm-up: worker, webhook, guard (not counted)
         floor_s = await floor(world.client, sequential)
         one_at_a_time = [(await round_of(world, [n]))[0] for n in names["s"]]
-        together = await round_of(world, names["c"])
+        traces: list[dict[str, float]] = []
+        together = await round_of(world, names["c"], traces)
         ramp_s = await in_flight(world.client, flying - 1, names["f"][1:])
-        late = await round_of(world, names["l"])
+        late = await round_of(world, names["l"], traces)
     floor_p99 = percentile(floor_s, 99)
     return {
         "benchmark": "xid_latency", "kubernetes": "real control plane",
@@ -151,8 +178,9 @@ async def main(sequential: int, concurrent: int, flying: int) -> dict[str, Any]:
         "floor": {**summary(floor_s), "what": "one-activity workflow: start request -> the activity ran"},
         "sequential": {**summary(one_at_a_time, 2 * floor_p99),
                        "p99_over_floor_p99": round(percentile(one_at_a_time, 99) / floor_p99, 2)},
-        f"concurrent_{concurrent}": summary(together, 1.0),
-        f"in_flight_{flying}": {**summary(late, 2.0), "runs_in_flight": flying, "ramp_s": round(ramp_s, 1)},
+        f"concurrent_{concurrent}": {**summary(together, 1.0), "slowest": traces[0]},
+        f"in_flight_{flying}": {**summary(late, 2.0), "runs_in_flight": flying, "ramp_s": round(ramp_s, 1),
+                                "slowest": traces[1]},
     }
 
 
