@@ -62,6 +62,8 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("FLEETMEDIC_ACTIVITY_THREADS", "64", "threads for blocking activity calls"),
     EnvVar("FLEETMEDIC_PROTECTIVE_SLOTS", "16",
            "protective steps (cordon + Slurm DRAIN) a worker runs at once, on their own task queue"),
+    EnvVar("FLEETMEDIC_WAIT_SLOTS", "10000",
+           "runs a worker lets wait for a node to come back at once (no thread each), on their own task queue"),
     EnvVar("FLEETMEDIC_DRY_RUN", "false", "force shadow mode for every runbook of this process"),
 )
 
@@ -100,6 +102,7 @@ class Settings(BaseModel):
     webhook_temporal_timeout_s: float = Field(5.0, gt=0, le=60)
     activity_threads: int = Field(64, ge=1, le=4096)
     protective_slots: int = Field(16, ge=1, le=1024)
+    wait_slots: int = Field(10000, ge=1, le=100000)
     dry_run: bool = False
 
     @classmethod
@@ -133,6 +136,7 @@ class Settings(BaseModel):
             "webhook_temporal_timeout_s": "FLEETMEDIC_WEBHOOK_TEMPORAL_TIMEOUT",
             "activity_threads": "FLEETMEDIC_ACTIVITY_THREADS",
             "protective_slots": "FLEETMEDIC_PROTECTIVE_SLOTS",
+            "wait_slots": "FLEETMEDIC_WAIT_SLOTS",
             "dry_run": "FLEETMEDIC_DRY_RUN",
         }
         values = {field: env[var] for field, var in mapping.items() if env.get(var, "") != ""}

@@ -230,3 +230,38 @@ def test_wait_node_ready_times_out_and_waits_for_a_missing_node(kube: KubeEmulat
     threading.Timer(1.0, lambda: kube.emulator.put(fleet.node("replacement"))).start()
     back = run(k8s.wait_node_ready, WaitNodeReady(node="replacement", timeout_s=20))
     assert back is not None and back.name == "replacement"
+
+
+def test_many_waits_share_one_watch_and_hold_no_thread(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+    """Forty runs waiting for their nodes cost one list and one watch at the API server, not one
+    watch (and one activity thread) each; each wait returns when its own node is back."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from devstack.controllers import set_ready
+    from fleetmedic.models import WaitNodeReady
+
+    names = [f"w{i}" for i in range(40)]
+    for name in names:
+        kube.emulator.put(fleet.node(name, ready=False))
+    since = datetime.now(UTC).replace(microsecond=0)
+    before = threading.active_count()
+
+    async def all_waits() -> list[object]:
+        env = ActivityEnvironment()
+        waits = [asyncio.ensure_future(env.run(k8s.wait_node_ready, WaitNodeReady(node=n, since=since, timeout_s=60)))
+                 for n in names]
+        await asyncio.sleep(1)
+        assert threading.active_count() <= before + 2  # the one watch thread (and nothing per wait)
+        for name in names[:20]:
+            set_ready(kube, name, True)
+        done = await asyncio.gather(*waits[:20])
+        assert not any(w.done() for w in waits[20:])  # the others still wait for their own nodes
+        for w in waits[20:]:
+            w.cancel()
+        return done
+
+    back = asyncio.run(all_waits())
+    assert sorted(b.name for b in back) == sorted(names[:20])  # type: ignore[attr-defined]
+    watches = [r for r in kube.emulator.requests() if r.verb == "watch" and r.url.path == "/api/v1/nodes"]
+    assert len(watches) == 1, len(watches)

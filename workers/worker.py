@@ -71,9 +71,14 @@ def protective_queue(settings: Settings) -> str:
     return f"{settings.task_queue}-protective"
 
 
+def wait_queue(settings: Settings) -> str:
+    return f"{settings.task_queue}-waits"
+
+
 class Activities:
     """Every activity the runbooks call, wired to the systems `settings` names: `all` for the main
-    task queue, `protective` for the protective queue (also in `all`, for runs without one)."""
+    task queue, `protective` and `waits` for their own queues (also in `all`, for runs recorded
+    before those queues existed)."""
 
     def __init__(self, settings: Settings, policy: Policy, client: Client,
                  api_client: Callable[[], ApiClient] | None = None) -> None:
@@ -93,8 +98,9 @@ class Activities:
                                  kube_timeout_s=settings.kube_timeout_s)
         context = RunContext(slurm_enabled=slurm_enabled(settings), agent_configured=bool(settings.agent_url),
                              provider=provider.name, provider_supports=sorted(provider.supports),
-                             protective_queue=protective_queue(settings))
+                             protective_queue=protective_queue(settings), wait_queue=wait_queue(settings))
         self.protective = ProtectiveActivities(kubernetes, slurm, threads=2 * settings.protective_slots).activities()
+        self.waits: list[Callable[..., Any]] = [kubernetes.wait_node_ready]
         groups: list[ActivityGroup] = [
             ConfigActivities(policy, context, force_dry_run=dry),
             kubernetes,
@@ -127,24 +133,27 @@ def sandbox_runner() -> SandboxedWorkflowRunner:
 
 
 class FleetWorker:
-    """The worker's two pollers, started and stopped together: the main task queue (workflows and
-    every activity) and the protective queue (the protective step only, with its own slots)."""
+    """The worker's pollers, started and stopped together: the main task queue (workflows and every
+    activity), the protective queue (the protective step, with its own slots) and the waits queue
+    (long async waits: no thread each, and never the slots other steps need)."""
 
-    def __init__(self, main: Worker, protective: Worker) -> None:
-        self.main, self.protective = main, protective
+    def __init__(self, main: Worker, *others: Worker) -> None:
+        self.workers = (*others, main)
 
     async def __aenter__(self) -> FleetWorker:
-        await self.protective.__aenter__()
+        started: list[Worker] = []
         try:
-            await self.main.__aenter__()
+            for worker in self.workers:
+                await worker.__aenter__()
+                started.append(worker)
         except BaseException:
-            await self.protective.__aexit__(None, None, None)
+            await asyncio.gather(*(w.__aexit__(None, None, None) for w in started))
             raise
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        # Both finish their running activities within the same SHUTDOWN_GRACE, side by side.
-        await asyncio.gather(self.main.__aexit__(*exc), self.protective.__aexit__(*exc))
+        # All finish their running activities within the same SHUTDOWN_GRACE, side by side.
+        await asyncio.gather(*(w.__aexit__(*exc) for w in self.workers))
 
 
 def build_worker(client: Client, settings: Settings, policy: Policy, *,
@@ -171,7 +180,9 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         max_concurrent_activities=settings.protective_slots,
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
     )
-    return FleetWorker(main, protective)
+    waits = Worker(client, task_queue=wait_queue(settings), activities=activities.waits,
+                   max_concurrent_activities=settings.wait_slots, graceful_shutdown_timeout=SHUTDOWN_GRACE)
+    return FleetWorker(main, protective, waits)
 
 
 # Buckets for what a person waits for: a repair takes minutes to hours, not the SDK's default

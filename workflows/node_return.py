@@ -69,7 +69,7 @@ class ReturnSteps(NodeRunbookBase):
                 WaitNodeReady(node=self.node, since=since if rejoined and not self.replaced_signal else None,
                               timeout_s=max(window.total_seconds(), 1)),
                 timeout=window + self.call_timeout(), heartbeat=self.call_timeout(),
-                summary="wait for node Ready: watch")
+                summary="wait for node Ready: watch", task_queue=self.context.wait_queue)
             self.check_abort()
         if back is None:
             self.decide("wait for node Ready", f"node {self.node} did not come back Ready within "
