@@ -92,6 +92,23 @@ def node_info(node: client.V1Node, gpu_resource: str) -> NodeInfo:
     )
 
 
+def node_info_from_json(node: dict[str, Any], gpu_resource: str) -> NodeInfo:
+    """`node_info` of a Node as the API's JSON (a watch event): the client's model classes cost
+    milliseconds a node, which a watch on a large fleet pays for every heartbeat."""
+    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    since = ready.get("lastTransitionTime") if ready else None
+    return NodeInfo(
+        name=meta.get("name", ""), uid=meta.get("uid") or "", ready=bool(ready and ready.get("status") == "True"),
+        ready_since=datetime.fromisoformat(since.replace("Z", "+00:00")) if since else None,
+        unschedulable=bool(spec.get("unschedulable")), labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        taints=[Taint(key=t["key"], value=t.get("value") or "", effect=t["effect"]) for t in spec.get("taints") or []],
+        gpu_allocatable=int((status.get("allocatable") or {}).get(gpu_resource, "0") or 0),
+        provider_id=spec.get("providerID") or "",
+    )
+
+
 def pod_info(pod: client.V1Pod, gpu_resource: str) -> PodInfo:
     meta = pod.metadata
     owner = next((o for o in meta.owner_references or [] if o.controller), None)
@@ -118,7 +135,8 @@ class KubernetesActivities:
         self.policy = policy
         self.timeout = timeout_s
         self.force_dry_run = force_dry_run
-        self.node_watch = NodeWatch(lambda: self.core, lambda n: node_info(n, policy.labels.gpu_resource), timeout_s)
+        self.node_watch = NodeWatch(lambda: self.core, lambda n: node_info(n, policy.labels.gpu_resource),
+                                    lambda n: node_info_from_json(n, policy.labels.gpu_resource), timeout_s)
 
     @property
     def core(self) -> client.CoreV1Api:

@@ -34,8 +34,8 @@ class NodeWatch:
     """The latest state of every node, from one list and watch; `wait` for a node to match."""
 
     def __init__(self, core: Callable[[], client.CoreV1Api], to_info: Callable[[Any], NodeInfo],
-                 timeout_s: float) -> None:
-        self._core, self._to_info, self.timeout_s = core, to_info, timeout_s
+                 json_to_info: Callable[[dict[str, Any]], NodeInfo], timeout_s: float) -> None:
+        self._core, self._to_info, self._json_to_info, self.timeout_s = core, to_info, json_to_info, timeout_s
         self._nodes: dict[str, NodeInfo] = {}
         self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._lock = threading.Lock()
@@ -61,17 +61,22 @@ class NodeWatch:
                 self._notify(everyone)
                 version = listed.metadata.resource_version
                 while True:
+                    # Events as plain JSON: every kubelet heartbeat of the fleet arrives here.
                     stream = watch.Watch().stream(core.list_node, resource_version=version, timeout_seconds=WATCH_S,
-                                                  _request_timeout=WATCH_S + self.timeout_s)
+                                                  _request_timeout=WATCH_S + self.timeout_s, deserialize=False)
                     for event in stream:
                         node = event["object"]
-                        version = node.metadata.resource_version
-                        name = node.metadata.name
+                        if event["type"] == "ERROR":  # 410 Gone: list again
+                            raise RuntimeError(f"watch error: {node.get('message', node)}")
+                        version = node["metadata"]["resourceVersion"]
+                        if event["type"] == "BOOKMARK":
+                            continue
+                        name = node["metadata"]["name"]
                         with self._lock:
                             if event["type"] == "DELETED":
                                 self._nodes.pop(name, None)
                             else:
-                                self._nodes[name] = self._to_info(node)
+                                self._nodes[name] = self._json_to_info(node)
                         self._notify([name])
             except Exception as exc:  # 410 Gone, a broken connection, the API down: list again
                 self.last_error = str(exc)[:300]

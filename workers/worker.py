@@ -127,9 +127,14 @@ def build_activities(settings: Settings, policy: Policy, client: Client,
 
 
 def sandbox_runner() -> SandboxedWorkflowRunner:
-    # The domain package and pydantic are deterministic and import-heavy: pass them through.
+    # The domain package and pydantic are deterministic and import-heavy: pass them through. So is
+    # `workflows` itself: re-importing it into a fresh sandbox for each new run cost ~25 ms of the
+    # worker's event loop per run (half of it `workflow.defn` checking the class again), which a
+    # storm of 50 alerts paid in series before the first cordon. What the sandbox would have caught
+    # in those modules (a clock, randomness, I/O) tests/test_determinism.py refuses statically, and
+    # the saved histories replay in tests/test_replay.py.
     return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(
-        "pydantic", "pydantic_core", "fleetmedic", "yaml", "annotated_types"))
+        "pydantic", "pydantic_core", "fleetmedic", "yaml", "annotated_types", "workflows"))
 
 
 class FleetWorker:
