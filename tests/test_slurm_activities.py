@@ -10,7 +10,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
 from devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
-from fleetmedic.models import RequeueJob, SetSlurmNodeState, SlurmNodeState
+from fleetmedic.models import RequeueJob, SetSlurmNodeState, SlurmNode, SlurmNodeState
 from tests.conftest import require
 from tests.harness import job_on
 from tests.harness import run_activity as run
@@ -117,7 +117,8 @@ def test_controller_down_is_retryable_and_back_works(slurm: LocalSlurmCluster, s
         with pytest.raises(ApplicationError) as unreadable:
             run(read, arg)
         assert unreadable.value.type == "Unavailable" and not unreadable.value.non_retryable
-        assert "--json" in str(unreadable.value)
+        # squeue --json's `errors` list, or scontrol's own error for the one node it reads
+        assert "--json" in str(unreadable.value) or "Unable to contact slurm controller" in str(unreadable.value)
     with pytest.raises(ApplicationError) as err:
         run(slow.set_node_state, SetSlurmNodeState(node="gpu-node-0", state=SlurmNodeState.DOWN, reason=REASON))
     assert err.value.type in ("Unavailable", "Timeout") and not err.value.non_retryable
@@ -151,8 +152,14 @@ def test_reads_through_slurmrestd_match_the_cli(rest_slurm: LocalSlurmCluster) -
                                                state=SlurmNodeState.DRAIN, reason="fleetmedic: test"))
     via_cli = SlurmActivities(cli)
     assert run(rest.jobs_on_node, node) == run(via_cli.jobs_on_node, node)
+    def seen(node: SlurmNode) -> tuple[object, ...]:
+        # What FleetMedic decides on. slurmrestd 0.0.38 calls a partly used node "allocated" where
+        # scontrol says "mixed": both are busy, neither out of service.
+        return (node.name, node.out_of_service, sorted(node.flags), node.reason,
+                "busy" if node.state in ("mixed", "allocated") else node.state)
+
     for name in rest_slurm.nodes:
-        assert run(rest.get_node, name) == run(via_cli.get_node, name)
+        assert seen(run(rest.get_node, name)) == seen(run(via_cli.get_node, name))
     bad = SlurmActivities(cli, SlurmRest(rest_slurm.rest_url, "not-a-jwt", "root", timeout_s=5))
     with pytest.raises(ApplicationError) as err:
         run(bad.get_node, node)
