@@ -5,6 +5,7 @@ server, slurmctld, the job's own log."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from fleetmedic.models import GuardState, Operator, RunbookStatus
 from tests.gate_check import assert_gated
 from tests.harness import CHECKPOINTING_JOB, job_on, settings_for, worker_for
 from tests.runbook_stack import Stack, status_when
+from tests.test_hot_gpu_pull import hot_agent
+from workflows.node_base import RECHECK_AFTER
 
 
 async def test_a_paused_fleet_still_takes_a_bad_node_out_of_service_but_kills_nothing(stack: Stack) -> None:
@@ -101,3 +104,31 @@ async def test_a_job_its_xid_killed_restarts_before_the_lease_within_the_storm_l
             for handle in (holder, first, second):
                 if handle is not None:
                     await handle.terminate("test over")
+
+
+async def test_a_fault_gone_while_in_line_takes_the_protective_step_back(stack: Stack) -> None:
+    """A hot GPU: its node is cordoned and DRAINed at once, then waits in line (the fleet is paused)
+    for more than a minute, and cools down meanwhile. When the lease comes, the run confirms the fault
+    again (it is older than a minute), finds nothing to do, and gives the node back: uncordoned, Slurm
+    RESUMEd, nothing evicted or replaced."""
+    node = "gpu-node-1"
+    guard = await start_or_attach(stack.client, "fleet-guard", GuardState(cluster=stack.cluster),
+                                  workflow_id=guard_workflow_id(stack.cluster), task_queue=stack.task_queue,
+                                  signal="pause", signal_args=[Operator(by="dana", reason="change freeze")])
+    with hot_agent() as agent:
+        async def cools_while_in_line(handle: WorkflowHandle[Any, RunbookStatus]) -> None:
+            await status_when(handle, lambda s: s.step == "take disruption lease"
+                              and "paused by dana" in (s.waiting_for or ""))
+            assert stack.node(node)["spec"].get("unschedulable") is True
+            assert stack.slurm_state(node)[1].startswith("fleetmedic: GPU 3 hot")
+            agent.temperatures[3] = 55.0
+            await asyncio.sleep(RECHECK_AFTER.total_seconds() + 2)  # the confirmation is now stale
+            await guard.signal("resume", Operator(by="dana"))
+
+        report, _ = await stack.run(node, runbook="hot-gpu-pull", agent=agent, during=cools_while_in_line,
+                                    timeout=120)
+    assert report.outcome == "recovered", report.decisions
+    assert not stack.node(node)["spec"].get("unschedulable")
+    assert "fleetmedic.io/workflow" not in stack.node(node)["metadata"].get("annotations", {})
+    assert stack.slurm_state(node) == ("idle", "none")
+    assert stack.evicted() == [] and stack.provider.requests == []
