@@ -20,6 +20,7 @@ from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.ids import guard_workflow_id, node_workflow_id
 from fleetmedic.models import EscalationAnswer, GuardState, NodeRunbookInput, Operator, RunbookStatus
 from tests.harness import quick_policy, settings_for, worker_for
+from tests.runbook_stack import status_when
 
 
 def guard_policy(tmp_path: Path, provider: ProviderStandIn, **budget: Any):  # type: ignore[no-untyped-def]
@@ -149,8 +150,8 @@ async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Clie
             assert not kube.emulator.get("v1", "Node", "gpu-1")["spec"].get("unschedulable")
             # Run 2 gets no lease while paused: its node is cordoned (protective, before the lease),
             # nothing destructive happened to it: its pod runs on, no replacement was asked.
-            status = await second.query("status", result_type=RunbookStatus)
-            assert status.step == "take disruption lease" and "paused by dana" in (status.waiting_for or "")
+            await status_when(second, lambda s: s.step == "take disruption lease"
+                              and "paused by dana" in (s.waiting_for or ""))
             assert kube.emulator.get("v1", "Node", "gpu-2")["spec"].get("unschedulable") is True
             assert kube.emulator.get("v1", "Pod", "trainer-gpu-2", "training") is not None
             assert [r["node"] for r in provider_http.accepted()] == ["gpu-1"]
