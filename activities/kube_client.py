@@ -36,7 +36,6 @@ class RateLimiter:
         self.at = clock()
         self.hold_until = 0.0
         self.lock = threading.Lock()
-        self.waited_s = 0.0  # time requests spent waiting for a token or a hold, for the metrics
 
     def acquire(self, timeout_s: float) -> None:
         """Take a token, waiting at most `timeout_s`; a request that would wait longer fails now
@@ -51,7 +50,6 @@ class RateLimiter:
                 self.tokens += 1
                 raise fail(ErrorKind.TIMEOUT, f"Kubernetes API rate limit: would wait {wait:.1f}s for a request "
                                               f"slot (kube_api.qps {self.qps:g}, burst {self.burst})")
-            self.waited_s += wait
         if wait > 0:
             self.sleep(wait)
 
