@@ -290,9 +290,10 @@ class KubernetesActivities:
 
         def change(node: client.V1Node) -> dict[str, Any] | None:
             owner = self._holder(node, target)
-            if node.spec and node.spec.unschedulable and owner == target.workflow_id:
+            record = self._remediation(node) if target.remediation else {}
+            if node.spec and node.spec.unschedulable and owner == target.workflow_id and not record:
                 return None
-            new = {workflow_key: target.workflow_id, reason_key: target.reason, **self._remediation(node)}
+            new = {workflow_key: target.workflow_id, reason_key: target.reason, **record}
             if node.spec and node.spec.unschedulable and not owner:
                 new[PRE_CORDONED] = "true"  # someone else's cordon: keep it when we are done
             return {"spec": {"unschedulable": True}, "metadata": {"annotations": new}}
@@ -321,6 +322,10 @@ class KubernetesActivities:
     def annotate_quarantine(self, target: NodeTarget) -> ActionResult:
         """Leave a node out of service on purpose: the annotation says why, for whoever finds it."""
         reason_key = self.policy.labels.reason_annotation
+        if self.find_node(target.node) is None:
+            # Its machine is gone and the provider deleted the Node: nothing is left to mark.
+            return ActionResult(system="kubernetes", action="annotate", target=f"node {target.node}", changed=False,
+                                dry_run=self._dry(target.dry_run), detail="the node no longer exists")
 
         def change(node: client.V1Node) -> dict[str, Any] | None:
             if (node.metadata.annotations or {}).get(reason_key) == target.reason and node.spec.unschedulable:
@@ -328,6 +333,32 @@ class KubernetesActivities:
             return {"spec": {"unschedulable": True}, "metadata": {"annotations": {reason_key: target.reason}}}
 
         return self._node_action("annotate", target, change)
+
+    @activity.defn(name="k8s.retire_node")
+    def retire_node(self, target: NodeTarget) -> ActionResult:
+        """What a replaced node leaves behind: a Node object the provider did not delete. NotReady
+        (the machine is gone), it is deleted; still Ready, it is left cordoned and annotated (the old
+        machine still runs: a person decides). Gone already: nothing to do."""
+        node = self.find_node(target.node)
+        done = ActionResult(system="kubernetes", action="retire", target=f"node {target.node}", changed=False,
+                            dry_run=self._dry(target.dry_run))
+        if node is None:
+            return done.model_copy(update={"detail": "already gone (the provider deleted it)"})
+        self._holder(node, target)
+        if _ready(node)[0]:
+            self.annotate_quarantine(target)
+            return done.model_copy(update={"changed": not done.dry_run,
+                                           "detail": f"still Ready: left cordoned ({target.reason})"})
+        if done.dry_run:
+            return done.model_copy(update={"detail": "would delete the Node object (NotReady)"})
+        with api_errors(f"delete node {target.node}"):
+            try:
+                self.core.delete_node(target.node, body=client.V1DeleteOptions(
+                    preconditions=client.V1Preconditions(uid=node.metadata.uid)), _request_timeout=self.timeout)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        return done.model_copy(update={"changed": True, "detail": "deleted the Node object (NotReady)"})
 
     def _node_action(self, verb: str, target: NodeTarget, change: Callable[[client.V1Node], dict[str, Any] | None],
                      current: client.V1Node | None = None) -> ActionResult:
@@ -506,5 +537,5 @@ class KubernetesActivities:
 
     def activities(self) -> list[Callable[..., Any]]:
         return [self.get_node, self.wait_node_ready, self.fleet_capacity, self.check_opt_out, self.cordon_node,
-                self.uncordon_node, self.annotate_quarantine, self.add_taint, self.remove_taint, self.evict_pods,
-                self.record_event]
+                self.uncordon_node, self.annotate_quarantine, self.retire_node, self.add_taint, self.remove_taint,
+                self.evict_pods, self.record_event]

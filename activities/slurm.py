@@ -194,6 +194,7 @@ class SlurmActivities:
             raise fail(ErrorKind.NOT_FOUND, f"Slurm has no node {name}")
         return node
 
+    @activity.defn(name="slurm.get_node")
     def get_node(self, name: str) -> SlurmNode:
         return self._node(name)
 
@@ -302,5 +303,5 @@ class SlurmActivities:
                             dry_run=dry, detail=detail)
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.jobs_on_node, self.get_job, self.set_node_state, self.requeue_job,
+        return [self.jobs_on_node, self.get_job, self.get_node, self.set_node_state, self.requeue_job,
                 self.signal_job]

@@ -67,11 +67,19 @@ def pdb(name: str, *, match_labels: dict[str, str], namespace: str = "default",
 
 
 def machine(name: str, *, namespace: str = "default", cluster: str = "gpu-cluster",
-            node: str | None = None) -> dict[str, Any]:
-    """A Cluster API Machine as its CRD validates it (bootstrap and infrastructure references)."""
+            node: str | None = None, machine_set: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A Cluster API Machine as its CRD validates it (bootstrap and infrastructure references);
+    owned by `machine_set` (as stored, with its uid) when given, with the finalizer Cluster API puts."""
+    labels = {"cluster.x-k8s.io/cluster-name": cluster}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
+    if machine_set is not None:
+        labels["cluster.x-k8s.io/set-name"] = machine_set["metadata"]["name"]
+        meta["ownerReferences"] = [{"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineSet",
+                                    "name": machine_set["metadata"]["name"], "uid": machine_set["metadata"]["uid"],
+                                    "controller": True}]
+        meta["finalizers"] = ["machine.cluster.x-k8s.io"]
     obj: dict[str, Any] = {
-        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine", "metadata": meta,
         "spec": {"clusterName": cluster, "bootstrap": {"dataSecretName": f"{name}-bootstrap"},
                  "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
                                        "kind": "GPUMachine", "name": name, "namespace": namespace}}}
@@ -80,11 +88,42 @@ def machine(name: str, *, namespace: str = "default", cluster: str = "gpu-cluste
     return obj
 
 
-def nodeclaim(name: str, *, node: str | None = None, nodepool: str = "gpu") -> dict[str, Any]:
+def machine_set(name: str, *, namespace: str = "default", cluster: str = "gpu-cluster",
+                replicas: int = 1) -> dict[str, Any]:
+    template = machine(f"{name}-template", namespace=namespace, cluster=cluster)
+    return {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineSet",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
+            "spec": {"clusterName": cluster, "replicas": replicas,
+                     "selector": {"matchLabels": {"cluster.x-k8s.io/set-name": name}},
+                     "template": {"metadata": {"labels": {"cluster.x-k8s.io/set-name": name}},
+                                  "spec": template["spec"]}}}
+
+
+def machine_health_check(name: str, *, namespace: str = "default", cluster: str = "gpu-cluster",
+                         max_unhealthy: str = "40%", expected: int = 10, healthy: int = 10) -> dict[str, Any]:
+    """As Cluster API 1.11 stores it (v1beta2: `maxUnhealthy` is `remediation.triggerIf`)."""
+    return {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineHealthCheck",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"clusterName": cluster,
+                     "selector": {"matchLabels": {"cluster.x-k8s.io/cluster-name": cluster}},
+                     "checks": {"unhealthyNodeConditions": [{"type": "Ready", "status": "False",
+                                                             "timeoutSeconds": 300}]},
+                     "remediation": {"triggerIf": {"unhealthyLessThanOrEqualTo": max_unhealthy}}},
+            "status": {"expectedMachines": expected, "currentHealthy": healthy}}
+
+
+def capi_cluster(name: str = "gpu-cluster", *, namespace: str = "default", paused: bool = False) -> dict[str, Any]:
+    return {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"paused": paused}}
+
+
+def nodeclaim(name: str, *, node: str | None = None, nodepool: str = "gpu",
+              finalizer: bool = False) -> dict[str, Any]:
     """A Karpenter NodeClaim as its CRD validates it (a node class and requirements)."""
     obj: dict[str, Any] = {
         "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
-        "metadata": {"name": name, "labels": {"karpenter.sh/nodepool": nodepool}},
+        "metadata": {"name": name, "labels": {"karpenter.sh/nodepool": nodepool},
+                     **({"finalizers": ["karpenter.sh/termination"]} if finalizer else {})},
         "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "gpu"},
                  "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
                                    "values": ["p5.48xlarge"]}]}}

@@ -43,8 +43,11 @@ class SlurmStartError(RuntimeError):
 class LocalSlurmCluster:
     def __init__(self, nodes: Sequence[str] = ("gpu-a", "gpu-b", "gpu-c"), *, workdir: Path | None = None,
                  kill_wait_s: int = 5, with_rest: bool = False, cpus: int = 2,
-                 silent_nodes: Sequence[str] = ()) -> None:
+                 silent_nodes: Sequence[str] = (), spare_nodes: Sequence[str] = ()) -> None:
         self.nodes = list(nodes)
+        # Hosts that do not exist yet (a replacement a provider will bring): in the configuration
+        # with a port of their own, their slurmd started by `boot` when the machine comes up.
+        self.spare_nodes = list(spare_nodes)
         # Nodes in the configuration without a slurmd (a fleet's worth, for benchmarks): their state
         # and reason change as on any node, no job runs there, and slurmctld never marks them
         # "Not responding" (SlurmdTimeout=0 when there are any).
@@ -57,7 +60,7 @@ class LocalSlurmCluster:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.conf = self.dir / "slurm.conf"
         self.ctld_port = free_port()
-        self.node_ports = {name: free_port() for name in self.nodes}
+        self.node_ports = {name: free_port() for name in [*self.nodes, *self.spare_nodes]}
         self.rest_port = free_port() if with_rest else None
         self.jwt_key = self.dir / "jwt.key"
         self.cluster_name = "fm" + secrets.token_hex(3)
@@ -167,6 +170,13 @@ class LocalSlurmCluster:
                         env={"SLURM_JWT": "daemon"})
             self._wait_for(self._rest_up, timeout_s, "slurmrestd")
         return self
+
+    def boot(self, name: str) -> None:
+        """A spare host comes up: its slurmd starts and registers with slurmctld."""
+        if name not in self.spare_nodes:
+            raise KeyError(f"{name} is not a spare node of this cluster")
+        if f"slurmd-{name}" not in self.procs:
+            self._spawn(f"slurmd-{name}", ["slurmd", "-D", "-N", name, "-f", str(self.conf)])
 
     def _check_alive(self) -> None:
         for name, proc in self.procs.items():

@@ -148,6 +148,8 @@ class ProviderRequestRecord:
     body: dict[str, Any]
     status: str = "accepted"
     created: float = field(default_factory=time.time)
+    replacement: str = "same"  # "new": a new machine under a new name (`new_node` once it joined)
+    new_node: str | None = None
 
 
 class ProviderStandIn(ThreadedServer):
@@ -158,6 +160,8 @@ class ProviderStandIn(ThreadedServer):
         self.token = token
         self.by_key: dict[str, ProviderRequestRecord] = {}
         self._ids = itertools.count(1)
+        # What a replace yields: "same" (the node comes back under its name) or "new" (another name).
+        self.replacement = "same"
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/requests", self._create)
@@ -182,7 +186,8 @@ class ProviderStandIn(ThreadedServer):
                 if existing.body != body:
                     return web.json_response({"error": "idempotency key reused for another request"}, status=409)
                 return web.json_response(self._view(existing), status=200)
-            record = ProviderRequestRecord(id=f"req-{next(self._ids)}", key=key, body=body)
+            record = ProviderRequestRecord(id=f"req-{next(self._ids)}", key=key, body=body,
+                                           replacement=self.replacement if body["action"] == "replace" else "same")
             self.by_key[key] = record
         return web.json_response(self._view(record), status=202)
 
@@ -195,7 +200,17 @@ class ProviderStandIn(ThreadedServer):
 
     @staticmethod
     def _view(record: ProviderRequestRecord) -> dict[str, Any]:
-        return {"id": record.id, "status": record.status, **record.body}
+        view = {"id": record.id, "status": record.status, **record.body}
+        if record.replacement == "new":
+            view["replacement"] = "new"
+            view["node"] = record.new_node  # the new machine's node once it joined; null before
+        return view
+
+    def complete(self, record_id: str, node: str | None = None, status: str = "done") -> None:
+        """The provider finished a request (a new machine joined as `node`), or failed it."""
+        with self.lock:
+            record = next(r for r in self.by_key.values() if r.id == record_id)
+            record.status, record.new_node = status, node
 
     def accepted(self) -> list[dict[str, Any]]:
         """The bodies of the distinct requests (one per idempotency key), oldest first."""

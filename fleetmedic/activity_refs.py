@@ -15,11 +15,14 @@ from typing import Any, Generic, TypeVar
 
 from fleetmedic.models import (
     ActionResult,
+    BurnIn,
+    BurnInResult,
     Checkpoint,
     CheckpointQuery,
     EventRequest,
     EvictionReport,
     EvictRequest,
+    FindReplacement,
     FleetCapacity,
     FleetPause,
     GpuReadings,
@@ -36,11 +39,13 @@ from fleetmedic.models import (
     ProtectRequest,
     ProviderRequest,
     ProviderResult,
+    Replacement,
     RequeueJob,
     RunContext,
     SetSlurmNodeState,
     SignalJob,
     SlurmJob,
+    SlurmNode,
     TaintRequest,
     Validate,
     Validation,
@@ -90,6 +95,7 @@ WAIT_NODE_READY: Activity[WaitNodeReady, NodeInfo | None] = Activity("k8s.wait_n
                                                                      NodeInfo | None)
 CORDON: Activity[NodeTarget, ActionResult] = Activity("k8s.cordon_node", (NodeTarget,), ActionResult)
 UNCORDON: Activity[NodeTarget, ActionResult] = Activity("k8s.uncordon_node", (NodeTarget,), ActionResult)
+RETIRE_NODE: Activity[NodeTarget, ActionResult] = Activity("k8s.retire_node", (NodeTarget,), ActionResult)
 ANNOTATE_QUARANTINE: Activity[NodeTarget, ActionResult] = Activity("k8s.annotate_quarantine", (NodeTarget,),
                                                                    ActionResult)
 ADD_TAINT: Activity[TaintRequest, ActionResult] = Activity("k8s.add_taint", (TaintRequest,), ActionResult)
@@ -100,16 +106,20 @@ RECORD_EVENT: Activity[EventRequest, ActionResult] = Activity("k8s.record_event"
 # --- Slurm -----------------------------------------------------------------------------------------
 JOBS_ON_NODE: Activity[str, list[SlurmJob]] = Activity("slurm.jobs_on_node", (str,), list[SlurmJob])
 GET_JOB: Activity[int, SlurmJob] = Activity("slurm.get_job", (int,), SlurmJob)
+SLURM_NODE: Activity[str, SlurmNode] = Activity("slurm.get_node", (str,), SlurmNode)
 SET_SLURM_STATE: Activity[SetSlurmNodeState, ActionResult] = Activity("slurm.set_node_state", (SetSlurmNodeState,),
                                                                       ActionResult)
 REQUEUE_JOB: Activity[RequeueJob, ActionResult] = Activity("slurm.requeue_job", (RequeueJob,), ActionResult)
 SIGNAL_JOB: Activity[SignalJob, ActionResult] = Activity("slurm.signal_job", (SignalJob,), ActionResult)
+BURN_IN: Activity[BurnIn, BurnInResult] = Activity("slurm.burn_in", (BurnIn,), BurnInResult)
 
 # --- storage, provider, node agent -----------------------------------------------------------------
 NEWEST_CHECKPOINT: Activity[CheckpointQuery, Checkpoint | None] = Activity(
     "storage.newest_checkpoint", (CheckpointQuery,), Checkpoint | None)
 PROVIDER_REQUEST: Activity[ProviderRequest, ProviderResult] = Activity("provider.request", (ProviderRequest,),
                                                                        ProviderResult)
+FIND_REPLACEMENT: Activity[FindReplacement, Replacement] = Activity("provider.find_replacement", (FindReplacement,),
+                                                                    Replacement)
 AGENT_AVAILABLE: Activity[str, bool] = Activity("agent.available", (str,), bool)
 AGENT_GPUS: Activity[str, GpuReadings] = Activity("agent.gpus", (str,), GpuReadings)
 AGENT_VALIDATE: Activity[Validate, Validation] = Activity("agent.validate", (Validate,), Validation)

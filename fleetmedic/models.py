@@ -157,6 +157,9 @@ class NodeTarget(_Model):
     workflow_id: str
     reason: str = ""
     dry_run: bool = False
+    # A cordon that takes the node out for a remediation counts toward the lemon rule; one that
+    # holds a new replacement out until its burn-in passes does not (the machine is new).
+    remediation: bool = True
 
 
 class TaintRequest(_Model):
@@ -219,6 +222,28 @@ class SlurmJob(_Model):
     state_reason: str = ""
 
 
+class BurnIn(_Model):
+    """Run the policy's burn-in job on `node` inside a maintenance reservation (only this job can
+    land there), wait for its end, and leave the node as it was (DRAINed by the run)."""
+
+    node: str
+    run_id: str  # names the reservation and the job: a retried activity finds its own job again
+    script: str
+    deadline_s: float = Field(gt=0)
+    output_dir: str
+    pass_pattern: str = ""
+    dry_run: bool = False
+
+
+class BurnInResult(_Model):
+    passed: bool
+    job_id: int | None = None
+    exit_code: int | None = None
+    state: str = ""
+    output: str = ""  # the end of what the job printed
+    detail: str = ""
+
+
 class SetSlurmNodeState(_Model):
     node: str
     state: SlurmNodeState
@@ -271,6 +296,18 @@ class ProviderRequest(_Model):
     dry_run: bool = False
 
 
+class Follow(_Model):
+    """How to find the node that replaces `old_node` when the provider gives a new machine: the
+    provider's handle for the request and for the group the replacement appears in."""
+
+    provider: str
+    old_node: str
+    reference: str  # the deleted Machine (namespace/name), NodeClaim, or the http request id
+    group: str = ""  # the MachineSet (namespace/name) or NodePool the replacement joins
+    # When the request was made: only what the group gained since can be the replacement.
+    since: datetime | None = None
+
+
 class ProviderResult(_Model):
     provider: str
     action: str
@@ -279,6 +316,23 @@ class ProviderResult(_Model):
     detail: str = ""
     needs_human: bool = False  # the manual provider: a person must do it and signal `replaced`
     dry_run: bool = False
+    # What the request yields: the same node (reboot, repair in place: both None), a new node
+    # known at once (`new_node`), or a new node to be found (`follow`).
+    new_node: str | None = None
+    follow: Follow | None = None
+
+
+class FindReplacement(_Model):
+    """Look for the node that replaces `follow.old_node`, up to `timeout_s`."""
+
+    follow: Follow
+    timeout_s: float = Field(60, gt=0)
+
+
+class Replacement(_Model):
+    node: str | None = None  # None: nothing yet (or the provider gave the same node back)
+    detail: str = ""
+    failed: bool = False  # the provider says its request failed: no replacement will come
 
 
 # --- notifications -----------------------------------------------------------------------------

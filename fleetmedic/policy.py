@@ -7,6 +7,7 @@ silently fall back to a default), and :func:`parse_policy` reports the exact fie
 from __future__ import annotations
 
 import difflib
+import re
 from datetime import timedelta
 from importlib import resources
 from pathlib import Path
@@ -217,6 +218,32 @@ class ProviderPolicy(_Strict):
     karpenter: KarpenterProviderPolicy = KarpenterProviderPolicy()
 
 
+class BurnInPolicy(_Strict):
+    """A diagnostic on the node between its validation and its return to service (none of the
+    anchors has one): a Slurm job run on the node inside a maintenance reservation, so nothing else
+    lands there. It passes on exit code 0 and, when `pass_pattern` is set, output that matches it.
+    A failure sends the node back to the provider, at most `rounds` provider requests per run."""
+
+    enabled: bool = False
+    kind: Literal["slurm"] = "slurm"
+    # Run as the job script (a short NCCL or DCGM diagnostic, e.g. `dcgmi diag -r 2`).
+    script: str = "#!/bin/sh\nexec dcgmi diag -r 2\n"
+    deadline: Duration = Field(default_factory=lambda: _td(minutes=30))
+    pass_pattern: str = ""
+    # Where the job's output goes: a path the node and the worker share (the job writes, the worker reads).
+    output_dir: str = "/var/log/fleetmedic/burn-in"
+    rounds: int = Field(2, ge=1, le=5)
+
+    @field_validator("pass_pattern")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+
 class StoragePolicy(_Strict):
     # Checkpoints of job <job_id> live under `root`/`layout`; the newest file or directory
     # matching it is the one the job resumes from. `{job_id}` and `{job_name}` are filled in.
@@ -405,6 +432,7 @@ class Policy(_Strict):
     approvals: ApprovalPolicy = ApprovalPolicy()
     lemon: LemonPolicy = LemonPolicy()
     provider: ProviderPolicy = ProviderPolicy()
+    burn_in: BurnInPolicy = BurnInPolicy()
     storage: StoragePolicy = StoragePolicy()
     escalation: EscalationPolicy = EscalationPolicy()
     notify: NotifyPolicy = NotifyPolicy()

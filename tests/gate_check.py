@@ -37,6 +37,9 @@ GATE_READS = {"k8s.check_opt_out", "guard.paused"}
 # itself, right before it writes; it runs before the lease and is held by no pause (DESIGN.md,
 # "Protective first"). Not a destructive step: what it writes must be what it may.
 PROTECTIVE = {"protect.node"}
+# Steps whose writes hold a *new* machine out until it passed its checks (Slurm DRAIN, cordon without
+# a remediation counted) or record why a replaced one is gone: protective or clean-up, never gated.
+PROTECTIVE_STEPS = {"take in replacement", "retire replaced node"}
 # Reads, notifications, bookkeeping, and the recovery steps that give a node back (never held by a
 # pause: a paused fleet must still heal).
 SAFE = {
@@ -44,8 +47,12 @@ SAFE = {
     "guard.release", "guard.request", "k8s.annotate_quarantine", "k8s.check_opt_out", "k8s.fleet_capacity",
     "k8s.get_node", "k8s.record_event", "k8s.remove_taint", "k8s.uncordon_node", "k8s.wait_node_ready",
     "kueue.request_sync", "kueue.snapshot", "slack.notify_start", "slack.notify_step", "slurm.get_job",
-    "slurm.jobs_on_node", "storage.newest_checkpoint", "temporal.count_remediations", "temporal.running",
-    "traffic.slo", "traffic.snapshot", "traffic.stop_runbook", "traffic.wait_home", *PROTECTIVE,
+    "slurm.get_node", "slurm.jobs_on_node", "storage.newest_checkpoint", "temporal.count_remediations",
+    "temporal.running", "traffic.slo", "traffic.snapshot", "traffic.stop_runbook", "traffic.wait_home", *PROTECTIVE,
+    # Following a replacement (a read); retiring a replaced node's leftover Node object (the machine is
+    # gone: the object NotReady; a Ready one is only annotated); the burn-in, a job on a node the run
+    # holds out, in a reservation of its own, which it leaves as it found it.
+    "provider.find_replacement", "k8s.retire_node", "slurm.burn_in",
 }
 
 
@@ -71,7 +78,7 @@ def assert_gated(history: WorkflowHistory) -> set[str]:
     for name, step, arg in scheduled(history):
         if name in GATE_READS:
             last_gate = step
-        elif name in PROTECTIVE:
+        elif name in PROTECTIVE or (step in PROTECTIVE_STEPS and name in DESTRUCTIVE):
             seen.add(name)
         elif name in DESTRUCTIVE and DESTRUCTIVE[name](arg):
             assert last_gate == step, f"{name} ({step}) was not preceded by the gate of its step " \

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
 import pytest
 from temporalio.exceptions import ApplicationError
 
@@ -12,9 +17,9 @@ from activities.providers.http import HttpProvider
 from activities.providers.karpenter import KarpenterProvider
 from activities.providers.manual import ManualProvider
 from devstack import fleet
-from devstack.kube_emulator import KubeEmulatorThread
+from devstack.kube_world import RealKube
 from devstack.standins import ProviderStandIn
-from fleetmedic.models import ProviderRequest
+from fleetmedic.models import FindReplacement, ProviderRequest
 from fleetmedic.policy import ClusterApiProviderPolicy, KarpenterProviderPolicy, ProviderPolicy
 from tests.harness import run_activity as run
 
@@ -64,6 +69,29 @@ def test_http_provider_timeout_and_unreachable(provider_http: ProviderStandIn) -
     assert down.value.type == "Unavailable"
 
 
+def test_http_provider_follows_a_new_machine_to_its_node(provider_http: ProviderStandIn) -> None:
+    provider_http.replacement = "new"
+    provider = HttpProvider(provider_http.url, "provider-secret", timeout_s=5)
+    result = provider.request(request())
+    assert result.follow is not None and result.follow.reference == result.reference and result.new_node is None
+    assert provider.find_replacement(result.follow).node is None  # not joined yet
+    provider_http.complete(result.reference, node="gpu-node-41")
+    found = provider.find_replacement(result.follow)
+    assert found.node == "gpu-node-41" and result.reference in found.detail
+    provider_http.complete(result.reference, status="failed")
+    assert provider.find_replacement(result.follow).failed
+
+
+def test_a_replacement_name_from_a_provider_is_untrusted(provider_http: ProviderStandIn) -> None:
+    provider_http.replacement = "new"
+    activities = ProviderActivities(HttpProvider(provider_http.url, "provider-secret", 5))
+    result = run(activities.request, request())
+    provider_http.complete(result.reference, node="gpu-node-41; rm -rf /")
+    with pytest.raises(ApplicationError) as err:
+        run(activities.find_replacement, FindReplacement(follow=result.follow, timeout_s=1))
+    assert err.value.type == "Invalid" and err.value.non_retryable
+
+
 def test_dry_run_reaches_no_provider(provider_http: ProviderStandIn) -> None:
     activities = ProviderActivities(HttpProvider(provider_http.url, "provider-secret", 5))
     result = run(activities.request, request(dry_run=True))
@@ -73,49 +101,110 @@ def test_dry_run_reaches_no_provider(provider_http: ProviderStandIn) -> None:
     assert provider_http.requests == []
 
 
-def capi_machine(kube: KubeEmulatorThread) -> None:
-    kube.emulator.put(fleet.node("n1", annotations={"cluster.x-k8s.io/machine": "md-0-abc",
-                                                    "cluster.x-k8s.io/cluster-namespace": "capi"}))
-    kube.emulator.put(fleet.machine("md-0-abc", namespace="capi", cluster="c", node="n1"))
+CAPI = "cluster.x-k8s.io/v1beta1"
 
 
-def test_cluster_api_deletes_the_machine_once(kube: KubeEmulatorThread) -> None:
+def capi_machine(kube: RealKube, name: str = "md-0-abc", node: str = "n1", *, healthy: int = 10,
+                 machine_annotations: dict[str, str] | None = None, paused: bool = False) -> dict[str, Any]:
+    """A node of MachineSet md-0 in namespace capi, its Machine, its Cluster and a MachineHealthCheck."""
+    kube.put(fleet.capi_cluster(namespace="capi", paused=paused))
+    machine_set = kube.put(fleet.machine_set("md-0", namespace="capi", replicas=10))
+    kube.put(fleet.machine_health_check("md-0-mhc", namespace="capi", healthy=healthy))
+    machine = fleet.machine(name, namespace="capi", node=node, machine_set=machine_set)
+    machine["metadata"]["finalizers"] = []  # no controller here to finish the deletion
+    machine["metadata"]["annotations"] = dict(machine_annotations or {})
+    kube.put(machine)
+    kube.put(fleet.node(node, annotations={"cluster.x-k8s.io/machine": name,
+                                           "cluster.x-k8s.io/cluster-namespace": "capi",
+                                           "cluster.x-k8s.io/owner-kind": "MachineSet",
+                                           "cluster.x-k8s.io/owner-name": "md-0"}))
+    return machine_set
+
+
+def capi(kube: RealKube) -> ClusterApiProvider:
+    return ClusterApiProvider(lambda: load_api_client(str(kube.kubeconfig)), ClusterApiProviderPolicy(), 5)
+
+
+def test_cluster_api_deletes_the_machine_once_and_says_where_the_replacement_appears(kube: RealKube) -> None:
     capi_machine(kube)
-    provider = ClusterApiProvider(lambda: load_api_client(str(kube.kubeconfig)),  # type: ignore[attr-defined]
-                                  ClusterApiProviderPolicy(), 5)
+    provider = capi(kube)
     dry = provider.request(request(dry_run=True))
-    assert dry.dry_run and kube.emulator.get("cluster.x-k8s.io/v1beta1", "Machine", "md-0-abc", "capi")
+    assert dry.dry_run and kube.get(CAPI, "Machine", "md-0-abc", "capi")
     result = provider.request(request())
     assert result.reference == "capi/md-0-abc" and "deleted Machine" in result.detail
-    assert kube.emulator.get("cluster.x-k8s.io/v1beta1", "Machine", "md-0-abc", "capi") is None
+    assert result.follow is not None and result.follow.group == "capi/md-0" and result.new_node is None
+    assert kube.get(CAPI, "Machine", "md-0-abc", "capi") is None
     again = provider.request(request())  # a retry after the delete went through
     assert again.accepted and "already deleted" in again.detail
-    deletes = [r for r in kube.emulator.mutations() if r.method.value == "DELETE"]
-    assert len(deletes) == 2  # the second found nothing: 404, treated as done
+    assert again.follow is not None and again.follow.group == "capi/md-0"  # read from the node's annotations
+    deletes = [r for r in kube.mutations() if r.method.value == "DELETE"]
+    assert len(deletes) == 1
+    marks = [r for r in kube.mutations() if r.method.value == "PATCH" and r.url.path.endswith("/machines/md-0-abc")]
+    assert len(marks) == 1 and "cluster.x-k8s.io/delete-machine" in json.dumps(marks[0].data)
 
 
-def test_cluster_api_refuses_a_node_it_does_not_own(kube: KubeEmulatorThread) -> None:
-    kube.emulator.put(fleet.node("n1"))
-    provider = ClusterApiProvider(lambda: load_api_client(str(kube.kubeconfig)),  # type: ignore[attr-defined]
-                                  ClusterApiProviderPolicy(), 5)
+@pytest.mark.parametrize(("setup", "why"), [
+    ({"machine_annotations": {"cluster.x-k8s.io/skip-remediation": ""}}, "skip-remediation"),
+    ({"machine_annotations": {"cluster.x-k8s.io/paused": ""}}, "annotated cluster.x-k8s.io/paused"),
+    ({"paused": True}, "Cluster gpu-cluster is paused"),
+    ({"healthy": 6}, "maxUnhealthy"),  # 4 of 10 unhealthy, this one the 5th: more than 40%
+])
+def test_cluster_api_leaves_to_a_person_what_cluster_api_would_not_remediate(kube: RealKube, setup: dict[str, Any],
+                                                                             why: str) -> None:
+    capi_machine(kube, **setup)
+    result = capi(kube).request(request())
+    assert result.needs_human and why in result.detail, result.detail
+    assert kube.get(CAPI, "Machine", "md-0-abc", "capi") is not None
+    assert not [r for r in kube.mutations() if r.url.path.endswith("/machines/md-0-abc")]
+
+
+def test_cluster_api_two_replacements_in_one_machine_set_never_take_the_same_machine(kube: RealKube) -> None:
+    """Two nodes of md-0 replaced at once: each run claims its own new Machine (oldest first), and a
+    Machine from before the request is nobody's replacement."""
+    machine_set = capi_machine(kube, "md-0-aaa", "n1")
+    capi_machine(kube, "md-0-bbb", "n2")
+    kube.put(fleet.machine("md-0-old", namespace="capi", node="n9", machine_set=machine_set))
+    time.sleep(1.1)  # creation times have second precision: the requests come a second later
+    provider = capi(kube)
+    now = datetime.now(UTC)
+    follows = []
+    for node in ("n1", "n2"):
+        follow = provider.request(request(node=node, key=f"k/{node}")).follow
+        assert follow is not None
+        follows.append(follow.model_copy(update={"since": now}))
+    kube.put(fleet.machine("md-0-new1", namespace="capi", machine_set=machine_set))
+    time.sleep(1.1)
+    kube.put(fleet.machine("md-0-new2", namespace="capi", node="n11", machine_set=machine_set))
+
+    first = provider.find_replacement(follows[0])
+    assert first.node is None and "md-0-new1 has no node yet" in first.detail
+    assert provider.find_replacement(follows[1]).node == "n11"  # md-0-new1 is n1's: n2 gets the next one
+    claims = {m["metadata"]["name"]: (m["metadata"].get("annotations") or {}).get("fleetmedic.io/replaces")
+              for m in kube.list(CAPI, "Machine", "capi")}
+    assert claims == {"md-0-new1": "n1", "md-0-new2": "n2", "md-0-old": None}
+    kube.put(fleet.machine("md-0-new1", namespace="capi", node="n10", machine_set=machine_set))  # its node joined
+    assert provider.find_replacement(follows[0]).node == "n10"
+
+
+def test_cluster_api_refuses_a_node_it_does_not_own(kube: RealKube) -> None:
+    kube.put(fleet.node("n1"))
+    provider = capi(kube)
     with pytest.raises(ApplicationError) as err:
         provider.request(request())
     assert err.value.type == "Invalid" and err.value.non_retryable
     assert provider.request(request("reboot")).needs_human  # Cluster API cannot reboot
 
 
-def test_cluster_api_server_error_is_retryable(kube: KubeEmulatorThread) -> None:
+def test_cluster_api_server_error_is_retryable(kube: RealKube) -> None:
     capi_machine(kube)
-    kube.emulator.inject("DELETE", "machines", status=503)
-    provider = ClusterApiProvider(lambda: load_api_client(str(kube.kubeconfig)),  # type: ignore[attr-defined]
-                                  ClusterApiProviderPolicy(), 5)
+    kube.inject("DELETE", "machines", status=503)
     with pytest.raises(ApplicationError) as err:
-        provider.request(request())
+        capi(kube).request(request())
     assert err.value.type == "Unavailable" and not err.value.non_retryable
-    assert kube.emulator.get("cluster.x-k8s.io/v1beta1", "Machine", "md-0-abc", "capi") is not None
+    assert kube.get(CAPI, "Machine", "md-0-abc", "capi") is not None
 
 
-def test_karpenter_deletes_the_nodeclaim(kube: KubeEmulatorThread) -> None:
+def test_karpenter_deletes_the_nodeclaim(kube: RealKube) -> None:
     kube.emulator.put(fleet.node("n1", labels={"karpenter.sh/nodepool": "gpu"}))
     for name, node in (("gpu-x1", "n1"), ("gpu-x2", "n2")):
         kube.emulator.put(fleet.nodeclaim(name, node=node))

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # is complete and the role must not allow more than was used.
 ADAPTER_TESTS = {"test_xid_recovery", "test_hot_gpu_pull", "test_nvlink_fault_replace", "test_node_runbooks",
                  "test_kubernetes_activities", "test_providers", "test_fleet_guard", "test_kueue_quota_sync",
-                 "test_traffic"}
+                 "test_traffic", "test_replacements"}
 
 
 def render(path: str) -> list[dict[str, Any]]:

@@ -48,7 +48,10 @@ def test_there_are_histories_to_replay() -> None:
                                            # protective first (#20)
                                            "xid-recovery-protective-kill", "xid-recovery-protective-while-paused",
                                            "nvlink-fault-replace-protective-taint", "hot-gpu-pull-protective",
-                                           "xid-recovery-protective-lemon"}
+                                           "xid-recovery-protective-lemon",
+                                           # replacements under new names, burn-in (#17)
+                                           "xid-recovery-replaced-new-name", "xid-recovery-no-replacement",
+                                           "xid-recovery-burn-in-failed"}
 
 
 @workflow.defn(name="xid-recovery", sandboxed=False)

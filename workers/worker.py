@@ -29,6 +29,7 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.agent import AgentActivities
+from activities.burn_in import BurnInActivities
 from activities.config import ConfigActivities
 from activities.guard import GuardActivities
 from activities.kube_client import load_api_client
@@ -107,6 +108,7 @@ class Activities:
             KueueActivities(kubernetes),
             TrafficActivities(kubernetes, settings.prometheus_url),
             slurm,
+            BurnInActivities(slurm),
             StorageActivities(policy.storage),
             ProviderActivities(provider, force_dry_run=dry),
             SlackActivities(settings.slack_bot_token, settings.slack_channel or policy.notify.slack_channel,

@@ -22,14 +22,23 @@ with workflow.unsafe.imports_passed_through():
 class RemediateSteps(NodeRunbookBase):
     """Replace, reboot, reset, RMA; and the lemon count."""
 
-    async def ask_provider(self, action: str, reason: str) -> ProviderResult | None:
-        """One provider request per action and run (the idempotency key makes retries the same request);
-        a provider that needs a person makes the run wait for `replaced`."""
+    # What the last provider request yielded: the same node, or a new one to follow (node_replacement.py).
+    provider_result: ProviderResult | None = None
+
+    async def ask_provider(self, action: str, reason: str, round: int = 1) -> ProviderResult | None:
+        """One provider request per action, round and run (the idempotency key makes retries the same
+        request); a provider that needs a person makes the run wait for `replaced`."""
         assert self.policy is not None
         await self.gate(action, (action,))
+        if round > 1:
+            # The node failed its burn-in: one more remediation in its record, which the lemon rule reads.
+            await self.act(action, refs.CORDON, self.target(f"fleetmedic: failed its burn-in, {action} again "
+                                                            f"({self.workflow_id})"))
+        key = self.idempotency_key(action if round == 1 else f"{action}-{round}")
         result = await self.call(action, refs.PROVIDER_REQUEST, ProviderRequest(
             cluster=self.cluster, node=self.node, action=action, reason=reason,
-            idempotency_key=self.idempotency_key(action), dry_run=self.dry_run), retry=self.retry("writes"))
+            idempotency_key=key, dry_run=self.dry_run), retry=self.retry("writes"))
+        self.provider_result = result
         if result is None:
             return None
         self.actions.append(ActionResult(system="provider", action=f"ask {result.provider} to {action}",
@@ -52,8 +61,8 @@ class RemediateSteps(NodeRunbookBase):
             if self.replaced_signal is not None:
                 self.decide(action, f"{self.replaced_signal.by} says the node was {action}d"
                             + (f" as {self.replaced_signal.new_node}" if self.replaced_signal.new_node else ""))
-                if self.replaced_signal.new_node:
-                    self.node = self.replaced_signal.new_node
+                if self.replaced_signal.new_node and not workflow.patched("follow-replacement"):
+                    self.node = self.replaced_signal.new_node  # runs recorded before the replacement was followed
         return result
 
     async def reset_gpu(self, gpu: int, reason: str) -> str:

@@ -7,7 +7,8 @@ from datetime import datetime, timedelta
 
 from temporalio import workflow
 
-from workflows.node_base import POLL, NodeRunbookBase
+from workflows.node_base import POLL
+from workflows.node_replacement import ReplacementSteps
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
@@ -20,20 +21,36 @@ with workflow.unsafe.imports_passed_through():
     )
 
 
-class ReturnSteps(NodeRunbookBase):
-    """Ready, validated, returned, jobs resumed."""
+class ReturnSteps(ReplacementSteps):
+    """Ready, validated, burnt in, returned, jobs resumed."""
 
     async def return_when_healthy(self, jobs: list[SlurmJob], requested_at: datetime, summary: str, *,
                                   rejoined: bool = True, taint: Taint | None = None) -> str:
-        """Wait for Ready and validate → return to service → release the lease → confirm the jobs
-        resumed → record the outcome. A node that does not come back healthy stays quarantined."""
-        if not await self.wait_back_and_validate(requested_at, self.node_gpus or None, rejoined=rejoined):
-            await self.leave_quarantined(f"not back in service after {summary}: see {self.workflow_id}")
-            await self.release_lease()
-            return await self.record_outcome("quarantined", f"node {self.node} did not come back healthy; "
-                                                            "left out of service", warning=True)
+        """Follow a replacement to its new node → wait for Ready and validate → burn in → return to
+        service → release the lease → confirm the jobs resumed → record the outcome. A node that does
+        not come back healthy stays quarantined; one that fails its burn-in goes back to the provider."""
+        assert self.policy is not None
+        follows = workflow.patched("follow-replacement")
+        round = 1
+        while True:
+            if follows and not await self.follow_replacement():
+                return await self.stay_out(f"no replacement for {self.node} after {summary}")
+            if not await self.wait_back_and_validate(requested_at, self.node_gpus or None, rejoined=rejoined):
+                return await self.stay_out(f"not back in service after {summary}")
+            if not follows or await self.burn_in_passes(round):
+                break
+            if round >= self.policy.burn_in.rounds:
+                return await self.stay_out(f"failed its burn-in {round} time(s) after {summary}")
+            round += 1
+            self.replaced_signal = None  # a person doing it by hand says so again for this round
+            requested_at, rejoined = workflow.now(), True
+            await self.ask_provider("replace", f"{self.node} failed its burn-in after {summary}", round=round)
+        if self.replaced_from is not None:
+            summary += f"; {self.replaced_from} replaced by {self.node}"
+            taint = None  # the taint was the old node's; the new one was cordoned
         await self.return_to_service(resume_slurm=True, taint=taint)
         await self.release_lease()
+        await self.retire_replaced()
         stuck = await self.confirm_jobs_resumed(jobs)
         summary += "; node back in service"
         if jobs:
@@ -42,6 +59,13 @@ class ReturnSteps(NodeRunbookBase):
             summary += (f" ({len(self.left_past_pdb)} pod(s) left on the node past their PodDisruptionBudget: "
                         f"{', '.join(self.left_past_pdb)})")
         return await self.record_outcome("remediated", summary, warning=bool(stuck or self.left_past_pdb))
+
+    async def stay_out(self, why: str) -> str:
+        await self.leave_quarantined(f"{why}: see {self.workflow_id}")
+        await self.release_lease()
+        await self.retire_replaced()
+        return await self.record_outcome("quarantined", f"node {self.node} did not come back healthy; left out of "
+                                                        f"service ({why})", warning=True)
 
     # --- back in service ----------------------------------------------------------------------
 
@@ -66,7 +90,8 @@ class ReturnSteps(NodeRunbookBase):
             window = min(deadline - workflow.now(), timedelta(minutes=5))
             back = await self.call(
                 "wait for node Ready", refs.WAIT_NODE_READY,
-                WaitNodeReady(node=self.node, since=since if rejoined and not self.replaced_signal else None,
+                WaitNodeReady(node=self.node, since=since if rejoined and not self.replaced_signal
+                              and not self.new_machine else None,
                               timeout_s=max(window.total_seconds(), 1)),
                 timeout=window + self.call_timeout(), heartbeat=self.call_timeout(),
                 summary="wait for node Ready: watch", task_queue=self.context.wait_queue)
@@ -76,6 +101,7 @@ class ReturnSteps(NodeRunbookBase):
                                                f"{self.policy.grace.node_ready_deadline}")
             return False
         self.decide("wait for node Ready", f"node {self.node} Ready since {back.ready_since}")
+        await self.hold_replacement()
         self.enter("validate")
         verdict = await self.call("validate", refs.AGENT_VALIDATE,
                                   Validate(node=self.node, since=requested_at, expected_gpus=expected_gpus))

@@ -13,7 +13,6 @@ from __future__ import annotations
 from temporalio import workflow
 
 from workflows.node_base import NodeRunbookBase, NothingToDo, OptedOut, Rejected, gpu_name
-from workflows.node_remediate import RemediateSteps
 from workflows.node_return import ReturnSteps
 from workflows.node_take_out import TakeOutSteps
 
@@ -23,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["NodeRunbook", "NodeRunbookBase", "NothingToDo", "OptedOut", "Rejected", "gpu_name"]
 
 
-class NodeRunbook(TakeOutSteps, RemediateSteps, ReturnSteps):
+class NodeRunbook(TakeOutSteps, ReturnSteps):
     """A runbook that takes one node out of service, repairs it and puts it back."""
 
     async def protect_then_count(self, reason: str, taint: Taint | None = None) -> int:

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from kubernetes.client import ApiClient
 from temporalio import activity
 
+from activities.errors import fail
 from activities.providers.base import NodeProvider
 from activities.providers.cluster_api import ClusterApiProvider
 from activities.providers.http import HttpProvider
 from activities.providers.karpenter import KarpenterProvider
 from activities.providers.manual import ManualProvider
-from fleetmedic.models import ProviderRequest, ProviderResult
+from fleetmedic.errors import ErrorKind
+from fleetmedic.models import FindReplacement, ProviderRequest, ProviderResult, Replacement
 from fleetmedic.policy import ProviderPolicy
+from fleetmedic.trust import node_name_error
+
+# How often a search for the replacement looks again (and heartbeats).
+LOOK_EVERY_S = 2.0
 
 
 def make_provider(policy: ProviderPolicy, api_client: Callable[[], ApiClient], *, token: str | None,
@@ -37,7 +44,30 @@ class ProviderActivities:
     def request(self, request: ProviderRequest) -> ProviderResult:
         if self.force_dry_run and not request.dry_run:
             request = request.model_copy(update={"dry_run": True})
-        return self.provider.request(request)
+        result = self.provider.request(request)
+        if result.new_node is not None:
+            _trusted(result.new_node)
+        return result
+
+    @activity.defn(name="provider.find_replacement")
+    def find_replacement(self, find: FindReplacement) -> Replacement:
+        """Look for the new node until the provider names it or `timeout_s` passes (the runbook asks
+        again until its own deadline); heartbeats between looks, so a cancelled run stops it."""
+        deadline = time.monotonic() + find.timeout_s
+        while True:
+            found = self.provider.find_replacement(find.follow)
+            if found.node is not None:
+                _trusted(found.node)
+            if found.node is not None or found.failed or time.monotonic() >= deadline:
+                return found
+            activity.heartbeat(found.detail)
+            time.sleep(min(LOOK_EVERY_S, max(deadline - time.monotonic(), 0)))
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.request]
+        return [self.request, self.find_replacement]
+
+
+def _trusted(node: str) -> None:
+    """A node name a provider gives reaches the Kubernetes API and Slurm: the same rule as alerts'."""
+    if (error := node_name_error(node)) is not None:
+        raise fail(ErrorKind.INVALID, f"the provider named a replacement node that cannot be used: {error}")

@@ -4,18 +4,30 @@ A provider replaces a node (and, where it can, reboots it or opens an RMA). Ever
 carries an idempotency key (the workflow ID and the action), so a retried activity asks once.
 A provider that needs a person answers `needs_human`; the runbook then waits for a
 `replaced` signal from an operator.
+
+What a request yields is part of the contract (`ProviderResult`): the same node (a reboot, a
+repair in place), or a new machine under a new name — known at once (`new_node`) or to be found
+(`follow`): Cluster API's MachineSet and Karpenter create a new object with a new name, and the
+runbook follows it to the node that will serve (`find_replacement`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from datetime import datetime
+from typing import Any, Protocol
 
 from kubernetes import client
 from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
 
 from activities.kubernetes import api_errors
-from fleetmedic.models import ProviderRequest, ProviderResult
+from fleetmedic.models import Follow, ProviderRequest, ProviderResult, Replacement
+
+# On the new Machine or NodeClaim: the node it replaces. Two runs that replaced two nodes of the
+# same MachineSet or NodePool at once never take the same new machine (the claim is a write with
+# the object's resourceVersion: the second writer gets a conflict and looks again).
+REPLACES_ANNOTATION = "fleetmedic.io/replaces"
 
 
 class NodeProvider(Protocol):
@@ -25,17 +37,27 @@ class NodeProvider(Protocol):
 
     def request(self, request: ProviderRequest) -> ProviderResult: ...
 
+    def find_replacement(self, follow: Follow) -> Replacement:
+        """One look for the node that replaces `follow.old_node` (None while there is none yet)."""
+        ...
+
 
 def ask_a_human(provider: str, request: ProviderRequest, why: str) -> ProviderResult:
     return ProviderResult(provider=provider, action=request.action, accepted=True, needs_human=True,
                           reference=request.idempotency_key, detail=why)
 
 
+def nothing_to_follow(follow: Follow) -> Replacement:
+    return Replacement(detail=f"{follow.provider} gives no new node name: the operator's `replaced` does")
+
+
 class KubernetesProvider:
-    """What the Cluster API and Karpenter providers share: the API client, and the node they act on."""
+    """What the Cluster API and Karpenter providers share: the API client, the node they act on,
+    and following a replacement to the new object of the same group."""
 
     name = "kubernetes"
     supports: frozenset[str] = frozenset({"replace"})
+    group = version = plural = ""  # the custom resource a replacement appears as
 
     def __init__(self, api_client: Callable[[], ApiClient], timeout_s: float) -> None:
         self._api_client = api_client
@@ -51,3 +73,68 @@ class KubernetesProvider:
 
     def replace(self, api: ApiClient, node: client.V1Node, request: ProviderRequest) -> ProviderResult:
         raise NotImplementedError
+
+    # --- following the replacement ---------------------------------------------------------------
+
+    def members(self, api: ApiClient, follow: Follow) -> list[dict[str, Any]]:
+        """The objects of the replacement's group (the MachineSet's Machines, the NodePool's claims)."""
+        raise NotImplementedError
+
+    def node_of(self, obj: dict[str, Any]) -> str | None:
+        raise NotImplementedError
+
+    def find_replacement(self, follow: Follow) -> Replacement:
+        api = self._api_client()
+        members = self.members(api, follow)
+        kind = self.plural.rstrip("s")
+        mine = [o for o in members if _annotations(o).get(REPLACES_ANNOTATION) == follow.old_node]
+        if not mine:
+            fresh = sorted((o for o in members if _is_new(o, follow)),
+                           key=lambda o: (o["metadata"]["creationTimestamp"], o["metadata"]["name"]))
+            claimed = next((o for o in fresh if self._claim(api, o, follow)), None)
+            if claimed is None:
+                return Replacement(detail=f"no new {kind} in {follow.group} yet")
+            mine = [claimed]
+        obj = mine[0]
+        name = obj["metadata"]["name"]
+        node = self.node_of(obj)
+        if node is None:
+            return Replacement(detail=f"{kind} {name} has no node yet")
+        return Replacement(node=node, detail=f"{kind} {name} → node {node}")
+
+    def _claim(self, api: ApiClient, obj: dict[str, Any], follow: Follow) -> bool:
+        meta = obj["metadata"]
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"],
+                              "annotations": {REPLACES_ANNOTATION: follow.old_node}}}
+        custom = client.CustomObjectsApi(api)
+        try:
+            if meta.get("namespace"):
+                custom.patch_namespaced_custom_object(self.group, self.version, meta["namespace"], self.plural,
+                                                      meta["name"], patch, _request_timeout=self.timeout)
+            else:
+                custom.patch_cluster_custom_object(self.group, self.version, self.plural, meta["name"], patch,
+                                                   _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False  # gone, or another run claimed it first: look at the next one
+            with api_errors(f"claim {meta['name']}"):
+                raise
+        return True
+
+
+def _annotations(obj: dict[str, Any]) -> dict[str, str]:
+    return obj["metadata"].get("annotations") or {}
+
+
+def _is_new(obj: dict[str, Any], follow: Follow) -> bool:
+    """Created since the request (second precision, as the API gives it), not being deleted, and
+    nobody's replacement yet."""
+    meta = obj["metadata"]
+    if meta["name"] == follow.reference.rpartition("/")[2] or meta.get("deletionTimestamp"):
+        return False
+    if REPLACES_ANNOTATION in _annotations(obj):
+        return False
+    if follow.since is None:
+        return True
+    created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
+    return created >= follow.since.replace(microsecond=0)

@@ -1,0 +1,129 @@
+"""Burn-in: a diagnostic job on a node before it returns to training (policy `burn_in`).
+
+The node is DRAINed by the run while this happens. The job runs inside a Slurm maintenance
+reservation of the node alone: the reservation keeps every other job off while the node is
+resumed for the burn-in, and the node is DRAINed again (and the reservation removed) before the
+activity returns, pass or fail — the runbook alone decides whether it goes back to service.
+
+Pass: the job ends COMPLETED with exit code 0 and, when the policy sets `pass_pattern`, its
+output matches it. Slurm's exit code 0 alone is not trusted where a tool prints its verdict.
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from temporalio import activity
+
+from activities.errors import fail
+from activities.slurm import REASON_PREFIX, SlurmActivities
+from fleetmedic.errors import ErrorKind
+from fleetmedic.models import BurnIn, BurnInResult
+
+ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                   "DEADLINE", "PREEMPTED"})
+POLL_S = 1.0
+OUTPUT_TAIL = 2000
+
+
+def reservation_name(node: str) -> str:
+    return f"fleetmedic-burnin-{node}"
+
+
+def job_name(request: BurnIn) -> str:
+    return f"fleetmedic-burnin-{request.run_id}"
+
+
+class BurnInActivities:
+    def __init__(self, slurm: SlurmActivities) -> None:
+        self.slurm = slurm
+        self.cli = slurm.cli
+
+    @activity.defn(name="slurm.burn_in")
+    def burn_in(self, request: BurnIn) -> BurnInResult:
+        if request.dry_run or self.slurm.force_dry_run:
+            return BurnInResult(passed=True, detail=f"would run the burn-in on {request.node} "
+                                                    f"(reservation {reservation_name(request.node)})")
+        node = self.slurm.get_node(request.node)
+        if not node.reason.startswith(REASON_PREFIX):
+            raise fail(ErrorKind.NOT_OWNED, f"Slurm node {request.node} is not held by FleetMedic "
+                                            f"('{node.reason}'): no burn-in there")
+        held_for = node.reason
+        self._reserve(request)
+        try:
+            if node.out_of_service:
+                self.cli.run("scontrol", "update", f"nodename={request.node}", "state=RESUME")
+            job_id = self._job(request)
+            return self._wait(request, job_id)
+        finally:
+            # Out of service again, as the run left it, before anything else may land there.
+            self.cli.run("scontrol", "update", f"nodename={request.node}", "state=DRAIN", f"reason={held_for}")
+            self.cli.run("scontrol", "delete", f"reservation={reservation_name(request.node)}")
+
+    def _reserve(self, request: BurnIn) -> None:
+        name = reservation_name(request.node)
+        shown = self.cli.run("scontrol", "show", "reservation", "-o")
+        if f"ReservationName={name} " in shown:
+            return
+        minutes = max(int(request.deadline_s // 60) + 5, 10)
+        self.cli.run("scontrol", "create", f"reservation={name}", f"nodes={request.node}",
+                     f"users={getpass.getuser()}", "starttime=now", f"duration={minutes}", "flags=maint,ignore_jobs")
+
+    def _job(self, request: BurnIn) -> int:
+        """This run's burn-in job: the one a previous attempt submitted (heartbeat), else a new one."""
+        details = activity.info().heartbeat_details if activity.in_activity() else ()
+        if details and isinstance(details[0], dict) and details[0].get("job_id"):
+            return int(details[0]["job_id"])
+        out = Path(request.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        script = out / f"{job_name(request)}.sh"
+        script.write_text(request.script)
+        script.chmod(0o755)
+        minutes = max(int(request.deadline_s // 60), 1)
+        submitted = self.cli.run(
+            "sbatch", "--parsable", f"--job-name={job_name(request)}",
+            f"--reservation={reservation_name(request.node)}", f"--nodelist={request.node}", "--nodes=1",
+            "--no-requeue", f"--time={minutes}",
+            f"--output={out / job_name(request)}.out", str(script))
+        return int(submitted.strip().split(";")[0])
+
+    def _wait(self, request: BurnIn, job_id: int) -> BurnInResult:
+        deadline = time.monotonic() + request.deadline_s
+        fields: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            fields = self._show(job_id)
+            if fields.get("JobState") in ENDED:
+                break
+            activity.heartbeat({"job_id": job_id, "state": fields.get("JobState", "")})
+            time.sleep(POLL_S)
+        else:
+            self.cli.run("scancel", str(job_id))
+            return BurnInResult(passed=False, job_id=job_id, state="TIMEOUT", output=self._output(request),
+                                detail=f"burn-in job {job_id} did not end within {request.deadline_s:g}s")
+        state = fields["JobState"]
+        code = int(fields.get("ExitCode", "0:0").split(":")[0] or 0)
+        output = self._output(request)
+        passed = state == "COMPLETED" and code == 0
+        why = f"job {job_id} {state.lower()}, exit code {code}"
+        if passed and request.pass_pattern and not re.search(request.pass_pattern, output):
+            passed, why = False, f"{why}, but its output does not match {request.pass_pattern!r}"
+        return BurnInResult(passed=passed, job_id=job_id, exit_code=code, state=state, output=output, detail=why)
+
+    def _show(self, job_id: int) -> dict[str, str]:
+        out = self.cli.run("scontrol", "show", "job", "-o", str(job_id))
+        return dict(f.partition("=")[::2] for f in out.split() if "=" in f)
+
+    def _output(self, request: BurnIn) -> str:
+        path = Path(request.output_dir) / f"{job_name(request)}.out"
+        try:
+            return path.read_text(errors="replace")[-OUTPUT_TAIL:]
+        except OSError:
+            return ""  # not written (yet), or not shared with this worker
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [self.burn_in]

@@ -1,0 +1,264 @@
+"""Replacements as providers really make them: a new machine under a new node name.
+
+For each provider (cluster-api, karpenter, http, manual) an xid-recovery whose node is replaced
+by `gpu-node-41`: the run follows the replacement, holds it out of Slurm and Kubernetes until it
+is validated, returns it, and the training job resumes there (the only other Slurm node is the
+bad one); and one where no replacement comes (escalation). Then burn-in: a job that passes, and
+one that fails (back to the provider, then quarantine). Real control plane with the real CRDs,
+real Slurm (a spare host whose slurmd starts when its machine boots), the Temporal dev server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowHandle
+
+from devstack import fleet
+from devstack.controllers import set_ready
+from devstack.kube_world import RealKube
+from devstack.provider_controllers import (
+    Replacing,
+    cluster_api_controller,
+    http_replacing_controller,
+    karpenter_controller,
+)
+from devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
+from devstack.standins import ProviderStandIn, SlackStandIn
+from fleetmedic.models import EscalationAnswer, RunbookStatus
+from fleetmedic.policy import Policy
+from tests.conftest import require
+from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy
+from tests.runbook_stack import Stack, status_when
+from workers.audit import render_markdown, timeline
+
+OLD, NEW, NEWER = "gpu-node-0", "gpu-node-41", "gpu-node-42"
+PROVIDERS = ["cluster-api", "karpenter", "http", "manual"]
+CAPI_NAMESPACE = "capi"
+
+
+@pytest.fixture
+async def replacing(client: Client, task_queue: str, kube: RealKube, slack: SlackStandIn,
+                    provider_http: ProviderStandIn, tmp_path: Path) -> AsyncIterator[Stack]:
+    """One Slurm node in service (the bad one) and spare hosts the provider brings: a requeued job
+    can only resume on the replacement."""
+    missing = missing_binaries()
+    require(not missing, f"Debian's Slurm and munge ({', '.join(missing)})")
+    workdir = tmp_path / "slurm"
+    workdir.mkdir()
+    with LocalSlurmCluster((OLD,), workdir=workdir, spare_nodes=(NEW, NEWER)) as slurm:
+        stack = Stack(client, task_queue, kube, slurm, slack, provider_http, tmp_path)
+        stack.seed()
+        # No other replica runs (one GPU node): the inference PDB would hold the drain up to its deadline.
+        kube.remove("policy/v1", "PodDisruptionBudget", "serve", "inference")
+        yield stack
+
+
+def provider_policy(stack: Stack, provider: str) -> dict[str, Any]:
+    """The policy's provider section, and the old node as that provider knows it."""
+    kube = stack.kube
+    if provider == "cluster-api":
+        kube.put(fleet.capi_cluster(namespace=CAPI_NAMESPACE))
+        machine_set = kube.put(fleet.machine_set("gpu-md-0", namespace=CAPI_NAMESPACE))
+        kube.put(fleet.machine_health_check("gpu-mhc", namespace=CAPI_NAMESPACE))
+        kube.put(fleet.machine("gpu-md-0-abc12", namespace=CAPI_NAMESPACE, node=OLD, machine_set=machine_set))
+        kube.put(fleet.node(OLD, annotations={
+            "cluster.x-k8s.io/machine": "gpu-md-0-abc12", "cluster.x-k8s.io/cluster-namespace": CAPI_NAMESPACE,
+            "cluster.x-k8s.io/owner-kind": "MachineSet", "cluster.x-k8s.io/owner-name": "gpu-md-0"}))
+        return {"kind": "cluster-api", "cluster_api": {"namespace": CAPI_NAMESPACE}}
+    if provider == "karpenter":
+        kube.put(fleet.nodeclaim("gpu-x7k2p", node=OLD, finalizer=True))
+        kube.put(fleet.node(OLD, labels={"karpenter.sh/nodepool": "gpu"}))
+        return {"kind": "karpenter"}
+    if provider == "http":
+        return {"kind": "http", "http": {"url": stack.provider.url}}
+    return {"kind": "manual"}
+
+
+def world(stack: Stack, provider: str, names: list[str], replace: bool = True) -> AbstractContextManager[Replacing]:
+    """The provider's controller: what makes (or never makes) the new machine."""
+    boot = stack.slurm.boot
+    if provider == "cluster-api":
+        return cluster_api_controller(stack.kube, names, namespace=CAPI_NAMESPACE, boot=boot, replace=replace)
+    if provider == "karpenter":
+        return karpenter_controller(stack.kube, names, boot=boot, replace=replace)
+    if provider == "http":
+        return http_replacing_controller(stack.kube, stack.provider, names, boot=boot, replace=replace)
+    return nothing()
+
+
+@contextmanager
+def nothing() -> Iterator[Replacing]:
+    yield Replacing()  # the manual provider: a person does it (see person_replaces)
+
+
+def cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    address = stack.client.service_client.config.target_host
+    env = {"PATH": "/usr/bin:/bin", "FLEETMEDIC_TASK_QUEUE": stack.task_queue, "FLEETMEDIC_CLUSTER": stack.cluster}
+    return subprocess.run([sys.executable, "-m", "workers.cli", *args, "--address", address], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def person_replaces(stack: Stack, new: str) -> Callable[[WorkflowHandle[Any, Any]], Any]:
+    """The manual provider's person: swaps the machine, then says so with the CLI."""
+    async def during(handle: WorkflowHandle[Any, Any]) -> None:
+        await status_when(handle, lambda s: "`replaced`" in (s.waiting_for or ""), timeout=90)
+        set_ready(stack.kube, OLD, False)
+        stack.kube.put(fleet.node(new))
+        done = await asyncio.to_thread(cli, stack, "replaced", handle.id, "--new-node", new, "--by", "alice")
+        assert done.returncode == 0, done.stderr
+        # The new host's slurmd starts once the run holds the node (docs/providers.md, manual).
+        await status_when(handle, lambda s: any(d.step == "take in replacement" and "DRAIN" in d.result
+                                                for d in s.decisions), timeout=60)
+        stack.slurm.boot(new)
+    return during
+
+
+def job_log(policy: Policy, job: int) -> list[str]:
+    return (Path(policy.storage.root) / f"{job}.log").read_text().splitlines()
+
+
+async def run_xid(stack: Stack, provider: str, policy: Policy, names: list[str], *, replace: bool = True,
+                  during: Any = None) -> tuple[RunbookStatus, WorkflowHandle[Any, RunbookStatus], Replacing]:
+    if provider == "manual" and replace and during is None:
+        during = person_replaces(stack, names[0])
+    with world(stack, provider, names, replace) as done:
+        report, handle = await stack.run(OLD, policy=policy, controller=False, during=during, timeout=150)
+    return report, handle, done
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_replacement_under_a_new_name_serves_and_training_resumes_there(replacing: Stack,
+                                                                                 provider: str) -> None:
+    stack = replacing
+    policy = quick_policy(stack.tmp_path, provider=provider_policy(stack, provider))
+    job = stack.slurm.submit(CHECKPOINTING_JOB.format(root=policy.storage.root))
+    assert job_on(stack.slurm, job) == OLD
+
+    report, handle, done = await run_xid(stack, provider, policy, [NEW])
+
+    assert report.outcome == "remediated", report
+    outcome = next(d.result for d in report.decisions if d.step == "record outcome")
+    assert f"{OLD} replaced by {NEW}" in outcome, outcome
+    assert any(d.step == "take in replacement" and d.result == f"{OLD} replaced by {NEW}" for d in report.decisions)
+    # Training resumed from its checkpoint on the new node (Slurm had no other node to run it on).
+    log = job_log(policy, job)
+    assert log[0].startswith(f"start host={OLD} restarts=0")
+    assert log[-1].startswith(f"start host={NEW} restarts=1 step=1"), log
+    # Slurm: the new node serves; the old one stays DOWN and says why.
+    assert stack.slurm_state(NEW)[0] in ("idle", "mix", "alloc")
+    assert "DOWN" in stack.slurm.node_states(OLD)
+    assert stack.slurm_state(OLD)[1].startswith(f"fleetmedic: replaced by {NEW}")
+    # Kubernetes: the new node schedulable and not a remediated node; the old Node object gone —
+    # deleted by Cluster API and Karpenter themselves, by FleetMedic where the provider left it NotReady.
+    new = stack.node(NEW)
+    assert not new["spec"].get("unschedulable")
+    assert not {"fleetmedic.io/workflow", "fleetmedic.io/remediations"} & set(new["metadata"].get("annotations", {}))
+    assert stack.kube.get("v1", "Node", OLD) is None
+    node_deletes = [r for r in stack.kube.mutations() if r.verb == "delete" and r.url.path == f"/api/v1/nodes/{OLD}"]
+    assert len(node_deletes) == (1 if provider in ("http", "manual") else 0)
+    # What the provider did, counted from its side.
+    if provider == "cluster-api":
+        assert done.removed == ["gpu-md-0-abc12"] and len(done.created) == 1
+        machines = stack.kube.list("cluster.x-k8s.io/v1beta1", "Machine", CAPI_NAMESPACE)
+        assert [m["metadata"]["annotations"]["fleetmedic.io/replaces"] for m in machines] == [OLD]
+    elif provider == "karpenter":
+        assert done.removed == ["gpu-x7k2p"] and len(done.created) == 1
+    elif provider == "http":
+        assert [(r["node"], r["action"]) for r in stack.provider.accepted()] == [(OLD, "replace")]
+    # The Slack thread and the audit say it in words.
+    assert any(f"`{OLD}` replaced by `{NEW}`" in m["text"] for m in stack.slack.messages)
+    audit = render_markdown(timeline(stack.client, await handle.fetch_history()))
+    assert f"{OLD} replaced by {NEW}" in audit
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_no_replacement_within_the_deadline_escalates(replacing: Stack, provider: str) -> None:
+    stack = replacing
+    policy = quick_policy(stack.tmp_path, provider=provider_policy(stack, provider),
+                          grace={"node_ready_deadline": "6s"})
+    job = stack.slurm.submit(CHECKPOINTING_JOB.format(root=policy.storage.root))
+    job_on(stack.slurm, job)
+
+    escalated: list[str] = []
+
+    async def operator_gives_up(handle: WorkflowHandle[Any, Any]) -> None:
+        status = await status_when(handle, lambda s: s.escalation is not None, timeout=120)
+        assert status.escalation is not None
+        escalated.append(status.escalation.error)
+        if provider == "manual":
+            assert status.escalation.step == "replace"
+            assert "nobody signalled `replaced` within" in status.escalation.error
+        else:
+            assert status.escalation.step == "find replacement"
+            assert f"no replacement of {OLD} from {provider} within" in status.escalation.error
+        await handle.signal("answer", EscalationAnswer(action="skip", by="alice", reason="hardware team on it"))
+
+    report, _, _ = await run_xid(stack, provider, policy, [NEW], replace=False, during=operator_gives_up)
+
+    assert report.outcome == "quarantined", report
+    assert any("@oncall" in m["text"] and escalated[0] in m["text"] for m in stack.slack.messages)
+    # Nothing was brought in: no job ran anywhere else, and the spare host stayed out of it.
+    assert not any(line.startswith(f"start host={NEW}") for line in job_log(policy, job))
+    assert "DOWN" in stack.slurm.node_states(OLD)
+    assert stack.kube.get("v1", "Node", NEW) is None
+
+
+BURN_IN = """#!/bin/sh
+echo "burn-in host=$SLURMD_NODENAME" >> {log}
+echo "dcgmi diag -r 2: {verdict}"
+exit {code}
+"""
+
+
+async def test_burn_in_passes_before_the_replacement_takes_training(replacing: Stack) -> None:
+    stack = replacing
+    root = stack.tmp_path / "checkpoints"
+    job = stack.slurm.submit(CHECKPOINTING_JOB.format(root=root))
+    job_on(stack.slurm, job)
+    policy = quick_policy(stack.tmp_path, provider=provider_policy(stack, "http"), burn_in={
+        "enabled": True, "script": BURN_IN.format(log=root / f"{job}.log", verdict="Pass", code=0),
+        "pass_pattern": r"diag -r 2: Pass", "deadline": "60s", "output_dir": str(stack.tmp_path / "burn-in")})
+
+    report, _, _ = await run_xid(stack, "http", policy, [NEW])
+
+    assert report.outcome == "remediated", report
+    assert any(d.step == "burn-in" and d.result.startswith("passed: job") for d in report.decisions)
+    # The burn-in ran on the new node before the training job could start there: the job's own log.
+    log = job_log(policy, job)
+    assert log[-2:][0] == f"burn-in host={NEW}" and log[-1].startswith(f"start host={NEW} restarts=1"), log
+    # The reservation that kept every other job off is gone.
+    assert "fleetmedic-burnin" not in stack.slurm.run("scontrol", "show", "reservation").stdout
+
+
+async def test_a_failed_burn_in_goes_back_to_the_provider_then_quarantines(replacing: Stack) -> None:
+    stack = replacing
+    root = stack.tmp_path / "checkpoints"
+    job = stack.slurm.submit(CHECKPOINTING_JOB.format(root=root))
+    job_on(stack.slurm, job)
+    policy = quick_policy(stack.tmp_path, provider=provider_policy(stack, "http"), burn_in={
+        "enabled": True, "script": BURN_IN.format(log=root / f"{job}.log", verdict="Fail (NVLink bandwidth)", code=1),
+        "deadline": "60s", "rounds": 2, "output_dir": str(stack.tmp_path / "burn-in")})
+
+    report, _, _ = await run_xid(stack, "http", policy, [NEW, NEWER])
+
+    assert report.outcome == "quarantined", report
+    failed = [d.result for d in report.decisions if d.step == "burn-in"]
+    assert len(failed) == 2 and all(r.startswith("failed: job") and "exit code 1" in r for r in failed), failed
+    assert "dcgmi diag -r 2: Fail (NVLink bandwidth)" in failed[0]
+    # Back to the provider once, for the replacement that failed; then out of service.
+    assert [(r["node"], r["action"]) for r in stack.provider.accepted()] == [(OLD, "replace"), (NEW, "replace")]
+    assert stack.node(NEWER)["spec"]["unschedulable"] is True
+    assert "failed its burn-in 2 time(s)" in stack.node(NEWER)["metadata"]["annotations"][
+        "fleetmedic.io/quarantine-reason"]
+    assert "DRAIN" in stack.slurm.node_states(NEWER)
+    # Training never started on a machine that failed: only the burn-ins ran there.
+    log = job_log(policy, job)
+    assert [line for line in log if "host=gpu-node-4" in line] == [f"burn-in host={NEW}", f"burn-in host={NEWER}"]
