@@ -28,7 +28,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from devstack import fleet
 from devstack.controllers import every, set_ready
@@ -269,14 +268,3 @@ def http_replacing_controller(kube: RealKube, provider: ProviderStandIn, names: 
             yield done
     finally:
         provider.replacement = "same"
-
-
-def machine_exists(kube: RealKube, namespace: str, name: str) -> bool:
-    try:
-        client.CustomObjectsApi(kube.api).get_namespaced_custom_object("cluster.x-k8s.io", "v1beta1", namespace,
-                                                                       "machines", name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True

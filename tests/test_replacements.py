@@ -218,14 +218,21 @@ exit {code}
 """
 
 
-async def test_burn_in_passes_before_the_replacement_takes_training(replacing: Stack) -> None:
-    stack = replacing
+def training_and_burn_in(stack: Stack, verdict: str, code: int, **burn_in: Any) -> tuple[int, Policy]:
+    """A training job on the bad node, and a burn-in that writes into the job's log (so the order of
+    burn-in and training on the new node is read from one file) and prints its verdict."""
     root = stack.tmp_path / "checkpoints"
     job = stack.slurm.submit(CHECKPOINTING_JOB.format(root=root))
     job_on(stack.slurm, job)
     policy = quick_policy(stack.tmp_path, provider=provider_policy(stack, "http"), burn_in={
-        "enabled": True, "script": BURN_IN.format(log=root / f"{job}.log", verdict="Pass", code=0),
-        "pass_pattern": r"diag -r 2: Pass", "deadline": "60s", "output_dir": str(stack.tmp_path / "burn-in")})
+        "enabled": True, "script": BURN_IN.format(log=root / f"{job}.log", verdict=verdict, code=code),
+        "deadline": "60s", "output_dir": str(stack.tmp_path / "burn-in"), **burn_in})
+    return job, policy
+
+
+async def test_burn_in_passes_before_the_replacement_takes_training(replacing: Stack) -> None:
+    stack = replacing
+    job, policy = training_and_burn_in(stack, "Pass", 0, pass_pattern=r"diag -r 2: Pass")
 
     report, _, _ = await run_xid(stack, "http", policy, [NEW])
 
@@ -240,12 +247,7 @@ async def test_burn_in_passes_before_the_replacement_takes_training(replacing: S
 
 async def test_a_failed_burn_in_goes_back_to_the_provider_then_quarantines(replacing: Stack) -> None:
     stack = replacing
-    root = stack.tmp_path / "checkpoints"
-    job = stack.slurm.submit(CHECKPOINTING_JOB.format(root=root))
-    job_on(stack.slurm, job)
-    policy = quick_policy(stack.tmp_path, provider=provider_policy(stack, "http"), burn_in={
-        "enabled": True, "script": BURN_IN.format(log=root / f"{job}.log", verdict="Fail (NVLink bandwidth)", code=1),
-        "deadline": "60s", "rounds": 2, "output_dir": str(stack.tmp_path / "burn-in")})
+    job, policy = training_and_burn_in(stack, "Fail (NVLink bandwidth)", 1, rounds=2)
 
     report, _, _ = await run_xid(stack, "http", policy, [NEW, NEWER])
 
