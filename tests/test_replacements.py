@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHandle
 
 from devstack import fleet
@@ -177,6 +178,7 @@ async def test_a_replacement_under_a_new_name_serves_and_training_resumes_there(
     assert any(f"`{OLD}` replaced by `{NEW}`" in m["text"] for m in stack.slack.messages)
     audit = render_markdown(timeline(stack.client, await handle.fetch_history()))
     assert f"{OLD} replaced by {NEW}" in audit
+    assert await (await handle.describe()).memo_value("outcome") == "remediated"  # the UI's list tells it apart
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -193,6 +195,9 @@ async def test_no_replacement_within_the_deadline_escalates(replacing: Stack, pr
         status = await status_when(handle, lambda s: s.escalation is not None, timeout=120)
         assert status.escalation is not None
         escalated.append(status.escalation.error)
+        # The UI's Current Details say why the run waits and the command that answers it.
+        details = (await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)).current_details
+        assert status.escalation.error in details and f"fleetmedic answer {handle.id} retry|skip|abort" in details
         if provider == "manual":
             assert status.escalation.step == "replace"
             assert "nobody signalled `replaced` within" in status.escalation.error

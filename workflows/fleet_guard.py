@@ -69,7 +69,7 @@ class FleetGuard:
 
     # --- what runbooks and operators send -----------------------------------------------------
 
-    @workflow.signal
+    @workflow.signal(description="Internal (runbooks): ask for a disruption lease, answered by signal `lease`")
     def request(self, request: LeaseRequest) -> None:
         if any(h.workflow_id == request.workflow_id for h in self.state.holders):
             self.told.pop(request.workflow_id, None)  # a retried request: answer "granted" again
@@ -77,33 +77,34 @@ class FleetGuard:
             self.state.queue.append(request.model_copy(update={"requested_at": workflow.now()}))
         self.dirty = True
 
-    @workflow.signal
+    @workflow.signal(description="Internal (runbooks): ask to kill the jobs an XID already killed, before the lease")
     def kill(self, request: LeaseRequest) -> None:
         """A protective kill asked (DOWN + requeue of a job its XID already killed, before the lease)."""
         if not any(k.workflow_id == request.workflow_id for k in self.state.kill_requests):
             self.state.kill_requests.append(request)
         self.dirty = True
 
-    @workflow.signal
+    @workflow.signal(description="Internal (runbooks): give a lease back, or leave the line")
     def release(self, workflow_id: str) -> None:
         self.state.holders = [h for h in self.state.holders if h.workflow_id != workflow_id]
         self.state.queue = [q for q in self.state.queue if q.workflow_id != workflow_id]
         self.told.pop(workflow_id, None)
         self.dirty = True
 
-    @workflow.signal
+    @workflow.signal(description='Pause the fleet: no new lease, every runbook holds before its next destructive '
+                                  'step (recovery goes on): {"by": "alice", "reason": "..."} — `fleetmedic pause`')
     def pause(self, operator: Operator) -> None:
         self.state.paused = operator
         self.told.clear()  # everyone hears about the pause
         self.dirty = True
 
-    @workflow.signal
+    @workflow.signal(description='Lift the fleet pause: {"by": "alice"} — `fleetmedic resume`')
     def resume(self, operator: Operator) -> None:
         self.state.paused = None
         self.told.clear()
         self.dirty = True
 
-    @workflow.query(name="state")
+    @workflow.query(name="state", description="Leases held, the line, the fleet pause, kills granted")
     def state_query(self) -> GuardState:
         return self.state
 

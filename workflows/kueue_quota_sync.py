@@ -48,7 +48,7 @@ class KueueQuotaSync(Runbook):
         self.again = False
         self.changed: list[QuotaChange] = []
 
-    @workflow.signal
+    @workflow.signal(description="Internal (node runbooks): a node left or returned; run one more pass")
     def sync(self) -> None:
         """Something changed (a node left or returned): run one more pass after this one."""
         self.again = True

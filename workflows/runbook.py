@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
     from fleetmedic import ids
     from fleetmedic.activity_refs import Activity
+    from fleetmedic.details import current_details
     from fleetmedic.errors import NON_RETRYABLE, validation_errors
     from fleetmedic.models import (
         ActionResult,
@@ -98,7 +99,7 @@ class Runbook:
         self.dry_run = dry_run
         self.policy: Policy | None = None
         self.step_name = "starting"
-        self.waiting_for: str | None = None
+        self._waiting_for: str | None = None
         self.paused: Operator | None = None
         self.abort_request: Operator | None = None
         self.abort_honoured = False  # raised once: what follows (the outcome, recovery) must still run
@@ -121,6 +122,23 @@ class Runbook:
         self.awaiting_approval: str | None = None
         self.approval: tuple[str, Approval] | None = None  # ("approve" | "reject", who and why)
         self.fleet_paused: Operator | None = None  # the fleet guard's global pause
+
+    @property
+    def waiting_for(self) -> str | None:
+        return self._waiting_for
+
+    @waiting_for.setter
+    def waiting_for(self, what: str | None) -> None:
+        self._waiting_for = what
+        self.show_details()
+
+    def show_details(self) -> None:
+        """Keep the UI's Current Details true: step, what the run waits for, what an operator can do
+        (metadata only: no command, no history event, nothing a replay compares)."""
+        workflow.set_current_details(current_details(
+            self.workflow_id, self.step_name, waiting_for=self._waiting_for, dry_run=self.dry_run,
+            escalation=self.escalation, awaiting_approval=self.awaiting_approval,
+            paused=self.paused or self.fleet_paused, outcome=self.outcome))
 
     # --- operator handlers --------------------------------------------------------------------
 
@@ -223,14 +241,18 @@ class Runbook:
             workflow.metric_meter().create_counter("fleetmedic_runbook_steps", "runbook steps entered").add(
                 1, {"runbook": self.runbook, "step": step})
         self.step_name = step
-        self.waiting_for = None
-        workflow.set_current_details(f"**{step}**" + (" (shadow mode)" if self.dry_run else ""))
+        self.waiting_for = None  # and the UI's details say the new step
         workflow.upsert_search_attributes([ids.FLEET_STEP.value_set(step)])
 
     def finish(self, outcome: str) -> str:
         self.outcome = outcome
         self.step_name = "done"
+        self.show_details()
         workflow.upsert_search_attributes([ids.FLEET_OUTCOME.value_set(outcome), ids.FLEET_STEP.value_set("done")])
+        if workflow.patched("outcome-memo"):
+            # Every run closes COMPLETED (green in the UI's list), whatever it did: the memo and the
+            # FleetOutcome column (README, "Temporal UI") tell an aborted or a shadow run apart.
+            workflow.upsert_memo({"outcome": outcome, "dry_run": self.dry_run})
         return outcome
 
     def fail_if_invalid(self, invalid: str | None) -> None:

@@ -1,0 +1,36 @@
+"""What the Temporal UI's *Current Details* of a run say: the step, what the run waits for and
+why, and what an operator can do about it — the exact CLI command, and the signal or Update the
+UI sends for it. Kept true by the runbook base whenever its step or its wait changes."""
+
+from __future__ import annotations
+
+from fleetmedic.models import Escalation, Operator
+
+
+def current_details(workflow_id: str, step: str, *, waiting_for: str | None = None, dry_run: bool = False,
+                    escalation: Escalation | None = None, awaiting_approval: str | None = None,
+                    paused: Operator | None = None, outcome: str | None = None) -> str:
+    """Markdown, as the UI renders it."""
+    lines = [f"**{step}**" + (" (shadow mode: nothing is changed)" if dry_run else "")]
+    if outcome is not None:
+        lines.append(f"Ended: **{outcome}** (`fleetmedic audit {workflow_id}`)")
+        return "\n\n".join(lines)
+    if waiting_for:
+        lines.append(f"Waiting for: {waiting_for}")
+    if escalation is not None:
+        lines.append(f"Escalated: {escalation.error}")
+        lines.append(f"To do: `fleetmedic answer {workflow_id} retry|skip|abort --by YOU` — or signal `answer` "
+                     '`{"action": "retry", "by": "you"}`')
+    elif awaiting_approval:
+        lines.append(f"To do: `fleetmedic approve {workflow_id} --by YOU` or `fleetmedic reject {workflow_id} "
+                     f"--by YOU --reason …` — or the Update `approve` / `reject` "
+                     '`{"by": "you", "reason": "…"}`')
+    elif paused is not None:
+        lines.append(f"Paused by {paused.by}" + (f": {paused.reason}" if paused.reason else "")
+                     + ' — signal `resume` `{"by": "you"}` (or `fleetmedic resume` for a fleet-wide pause)')
+    elif waiting_for and "`replaced`" in waiting_for:
+        lines.append(f"To do: `fleetmedic replaced {workflow_id} [--new-node NAME] --by YOU` — or signal "
+                     '`replaced` `{"by": "you", "new_node": "…"}`')
+    if waiting_for or escalation is not None or awaiting_approval:
+        lines.append(f"To stop it: `fleetmedic abort {workflow_id} --by YOU --reason …`")
+    return "\n\n".join(lines)
