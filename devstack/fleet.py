@@ -67,9 +67,11 @@ def pdb(name: str, *, match_labels: dict[str, str], namespace: str = "default",
 
 
 def machine(name: str, *, namespace: str = "default", cluster: str = "gpu-cluster",
-            node: str | None = None, machine_set: dict[str, Any] | None = None) -> dict[str, Any]:
+            node: str | None = None, machine_set: dict[str, Any] | None = None,
+            finalizer: bool = False) -> dict[str, Any]:
     """A Cluster API Machine as its CRD validates it (bootstrap and infrastructure references);
-    owned by `machine_set` (as stored, with its uid) when given, with the finalizer Cluster API puts."""
+    owned by `machine_set` (as stored, with its uid) when given; with the finalizer Cluster API puts
+    when a controller is there to remove it."""
     labels = {"cluster.x-k8s.io/cluster-name": cluster}
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
     if machine_set is not None:
@@ -77,6 +79,7 @@ def machine(name: str, *, namespace: str = "default", cluster: str = "gpu-cluste
         meta["ownerReferences"] = [{"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineSet",
                                     "name": machine_set["metadata"]["name"], "uid": machine_set["metadata"]["uid"],
                                     "controller": True}]
+    if finalizer:
         meta["finalizers"] = ["machine.cluster.x-k8s.io"]
     obj: dict[str, Any] = {
         "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine", "metadata": meta,

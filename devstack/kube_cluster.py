@@ -159,6 +159,8 @@ class LocalKubeCluster:
             "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", str(self.port),
             "--cert-dir", str(certs), "--token-auth-file", str(self.workdir / "tokens.csv"),
             "--authorization-mode", "Node,RBAC",
+            # As kubeadm and every managed control plane set it: the node agent runs privileged (NVML, reset).
+            "--allow-privileged=true",
             "--service-account-issuer", "https://kubernetes.default.svc",
             "--service-account-key-file", str(certs / "sa.pub"),
             "--service-account-signing-key-file", str(key),

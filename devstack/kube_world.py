@@ -266,11 +266,24 @@ class RealKube:
         core = k8s_client.CoreV1Api(self.api)
         namespaces = [n.metadata.name for n in core.list_namespace().items
                       if n.metadata.name not in SYSTEM_NAMESPACES]
-        kinds = [*CLEANUP_KINDS, *self.extra_kinds()]
-        for api_version, kind in kinds:
+        extra = self.extra_kinds()
+        for api_version, kind in [*CLEANUP_KINDS, *extra]:
             resource = self._resource(api_version, kind)
             for namespace in (namespaces if resource.namespaced else [None]):
                 self._delete_all(resource, namespace)
+        for api_version, kind in extra:
+            # A custom object whose controller (a test's) is gone keeps its finalizer for ever.
+            for obj in self.list(api_version, kind):
+                meta = obj["metadata"]
+                if not meta.get("finalizers"):
+                    continue
+                try:
+                    self.dynamic.request(
+                        "patch", self._resource(api_version, kind).path(name=meta["name"],
+                                                                         namespace=meta.get("namespace")),
+                        body={"metadata": {"finalizers": None}}, content_type="application/merge-patch+json")
+                except NotFoundError:
+                    pass
         self._delete_all(self._resource("v1", "Node"), None)
         # The next test starts on an empty fleet, not on objects still on their way out.
         deadline = time.monotonic() + 30

@@ -18,6 +18,7 @@ plays a provider that takes the old machine away and never delivers.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -35,6 +36,8 @@ from devstack.standins import ProviderStandIn
 
 if TYPE_CHECKING:
     from devstack.kube_world import RealKube
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -109,10 +112,15 @@ class _Controller:
         with self._lock:
             due, self._due = [d for d in self._due if d[0] <= now], [d for d in self._due if d[0] > now]
         for _, action in due:
-            action()
+            try:
+                action()
+            except Exception:  # one object's failure must not stop the controller (nor hide it)
+                log.exception("%s: a step failed", type(self).__name__)
         for obj in self._list():
             name = obj["metadata"]["name"]
-            if obj["metadata"].get("deletionTimestamp") and name not in self._seen:
+            # Only what it manages: a finalizer of its own (what another test left is not its business).
+            if (obj["metadata"].get("deletionTimestamp") and self.finalizer in (obj["metadata"].get("finalizers") or [])
+                    and name not in self._seen):
                 self._seen.add(name)
                 self.later(self.delay_s, partial(self.finish_deletion, obj))
 
@@ -166,7 +174,7 @@ class ClusterApiController(_Controller):
         owner = self.custom.get_namespaced_custom_object(self.group, self.version, self.namespace, "machinesets",
                                                          set_name)
         made = fleet.machine(f"{set_name}-{secrets.token_hex(3)}", namespace=self.namespace,
-                             cluster=old["spec"]["clusterName"], machine_set=owner)
+                             cluster=old["spec"]["clusterName"], machine_set=owner, finalizer=True)
         made.pop("status", None)
         return made
 

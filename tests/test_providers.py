@@ -111,7 +111,6 @@ def capi_machine(kube: RealKube, name: str = "md-0-abc", node: str = "n1", *, he
     machine_set = kube.put(fleet.machine_set("md-0", namespace="capi", replicas=10))
     kube.put(fleet.machine_health_check("md-0-mhc", namespace="capi", healthy=healthy))
     machine = fleet.machine(name, namespace="capi", node=node, machine_set=machine_set)
-    machine["metadata"]["finalizers"] = []  # no controller here to finish the deletion
     machine["metadata"]["annotations"] = dict(machine_annotations or {})
     kube.put(machine)
     kube.put(fleet.node(node, annotations={"cluster.x-k8s.io/machine": name,

@@ -69,7 +69,8 @@ def provider_policy(stack: Stack, provider: str) -> dict[str, Any]:
         kube.put(fleet.capi_cluster(namespace=CAPI_NAMESPACE))
         machine_set = kube.put(fleet.machine_set("gpu-md-0", namespace=CAPI_NAMESPACE))
         kube.put(fleet.machine_health_check("gpu-mhc", namespace=CAPI_NAMESPACE))
-        kube.put(fleet.machine("gpu-md-0-abc12", namespace=CAPI_NAMESPACE, node=OLD, machine_set=machine_set))
+        kube.put(fleet.machine("gpu-md-0-abc12", namespace=CAPI_NAMESPACE, node=OLD, machine_set=machine_set,
+                               finalizer=True))
         kube.put(fleet.node(OLD, annotations={
             "cluster.x-k8s.io/machine": "gpu-md-0-abc12", "cluster.x-k8s.io/cluster-namespace": CAPI_NAMESPACE,
             "cluster.x-k8s.io/owner-kind": "MachineSet", "cluster.x-k8s.io/owner-name": "gpu-md-0"}))

@@ -1,0 +1,36 @@
+{{/* Labels of one component: {"root": $, "component": "worker"} */}}
+{{- define "fleetmedic.labels" -}}
+app.kubernetes.io/name: fleetmedic
+app.kubernetes.io/component: {{ .component }}
+app.kubernetes.io/part-of: fleetmedic
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- end }}
+
+{{/* What a component's selector matches: the same two labels as deploy/kubernetes/base. */}}
+{{- define "fleetmedic.selector" -}}
+app.kubernetes.io/name: fleetmedic
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "fleetmedic.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* The policy: the shipped default with .Values.policy merged over it. */}}
+{{- define "fleetmedic.policy" -}}
+{{- $default := .Files.Get "files/default-policy.yaml" | fromYaml -}}
+{{- mergeOverwrite $default (deepCopy .Values.policy) | toYaml -}}
+{{- end }}
+
+{{- define "fleetmedic.optionalSecret" -}}
+- name: {{ .env }}
+  valueFrom: {secretKeyRef: {name: {{ .name }}, key: {{ .key }}, optional: true}}
+{{- end }}
+
+{{- define "fleetmedic.restricted" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities: {drop: ["ALL"]}
+{{- end }}
