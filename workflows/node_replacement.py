@@ -12,8 +12,9 @@ replacement to the node that will serve:
 4. retire what the old node left behind: its Node object when the provider did not delete it
    (still Ready: left cordoned and annotated instead), its Slurm node DOWN with "replaced by …".
 
-The Slurm node name follows the host (Slinky's NodeSet pods, dynamic nodes, a slurm.conf that
-lists the provider's names): the replacement is a Slurm node of its own, registered by its slurmd.
+The Slurm node is the one named like the Kubernetes node (a slurm.conf that lists the provider's
+names, dynamic nodes, Slinky with slurmd registering under the host's name: docs/providers.md):
+the replacement is a Slurm node of its own, registered by its slurmd.
 """
 
 from __future__ import annotations
