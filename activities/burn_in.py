@@ -21,7 +21,7 @@ from typing import Any
 from temporalio import activity
 
 from activities.errors import fail
-from activities.slurm import REASON_PREFIX, SlurmActivities
+from activities.slurm import REASON_PREFIX, SlurmActivities, scontrol_fields
 from fleetmedic.errors import ErrorKind
 from fleetmedic.models import BurnIn, BurnInResult
 
@@ -115,8 +115,7 @@ class BurnInActivities:
         return BurnInResult(passed=passed, job_id=job_id, exit_code=code, state=state, output=output, detail=why)
 
     def _show(self, job_id: int) -> dict[str, str]:
-        out = self.cli.run("scontrol", "show", "job", "-o", str(job_id))
-        return dict(f.partition("=")[::2] for f in out.split() if "=" in f)
+        return scontrol_fields(self.cli.run("scontrol", "show", "job", "-o", str(job_id)))
 
     def _output(self, request: BurnIn) -> str:
         path = Path(request.output_dir) / f"{job_name(request)}.out"

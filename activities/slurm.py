@@ -96,10 +96,15 @@ class SlurmReader(Protocol):
     def jobs(self) -> list[dict[str, Any]]: ...
 
 
+def scontrol_fields(line: str) -> dict[str, str]:
+    """`Key=value` fields of one `scontrol show … -o` line (a value with spaces keeps its first word)."""
+    return dict(f.partition("=")[::2] for f in line.split() if "=" in f)
+
+
 def node_from_scontrol(line: str) -> SlurmNode:
     """One node of `scontrol show node -o NAME`: `State=IDLE+DRAIN` gives the state and its flags
     (`*`: not responding); `Reason=` runs to the end of the line, less its `[user@time]`."""
-    fields = dict(f.partition("=")[::2] for f in line.split() if "=" in f)
+    fields = scontrol_fields(line)
     parts = [p for p in fields.get("State", "").split("+") if p]
     state = parts[0].rstrip("*").lower() if parts else ""
     reason = line.partition(" Reason=")[2].strip() if " Reason=" in line else ""
