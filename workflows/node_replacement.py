@@ -48,10 +48,14 @@ SEARCH_WINDOW = timedelta(minutes=5)
 class ReplacementSteps(RemediateSteps):
     """Follow a replacement to its new node; burn a node in before it returns."""
 
-    replaced_from: str | None = None  # the node this run first replaced (`self.node` serves instead)
     replaced_nodes: tuple[str, ...] = ()  # every node the run replaced (a failed burn-in replaces again)
     new_machine = False  # `self.node` is a new machine: its first Ready counts, however old
     held_replacement = False
+
+    @property
+    def replaced_from(self) -> str | None:
+        """The node this run first replaced (`self.node` serves instead)."""
+        return self.replaced_nodes[0] if self.replaced_nodes else None
 
     async def follow_replacement(self) -> bool:
         """After the provider's request: switch the run to the node that will serve, when it is a
@@ -107,7 +111,6 @@ class ReplacementSteps(RemediateSteps):
         self.enter("take in replacement")
         self.decide("take in replacement", f"{old} replaced by {new}")
         await self.say(f":arrows_counterclockwise: `{old}` replaced by `{new}`")
-        self.replaced_from = self.replaced_from or old
         self.replaced_nodes, self.node = (*self.replaced_nodes, old), new
         self.new_machine, self.held_replacement = True, False
         if self.context.slurm_enabled:
