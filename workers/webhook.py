@@ -37,6 +37,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.start import start_or_attach
+from fleetmedic.details import run_details
 from fleetmedic.errors import validation_errors
 from fleetmedic.ids import FLEET_OUTCOME, run_summary, start_attributes
 from fleetmedic.models import Alert, AlertAnswer, AlertmanagerPayload, RunbookStatus
@@ -218,7 +219,10 @@ class AlertReceiver:
                                                decision.input.xid),
             rpc_timeout=self._rpc_timeout(), after_closed=after_closed,
             summary=run_summary(decision.runbook, decision.cluster, decision.node, decision.input.xid,
-                                decision.input.gpu, f"alert {alert.labels.get('alertname', '?')}")))
+                                decision.input.gpu, f"alert {alert.labels.get('alertname', '?')}"),
+            details=run_details(decision.workflow_id, decision.runbook, decision.cluster, node=decision.node,
+                                gpu=decision.input.gpu, xid=decision.input.xid, dry_run=decision.input.dry_run,
+                                started_by=f"alert {alert.labels.get('alertname', '?')} (Alertmanager)")))
 
     async def _closed_run(self, workflow_id: str) -> tuple[datetime | None, str | None] | None:
         """(close time, outcome) of the latest run of `workflow_id` when it has closed; None when
