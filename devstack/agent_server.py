@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
-from devstack.fake_nvml import FakeNvml
+from devstack.fake_nvml import FakeGpu, FakeNvml
 from devstack.fake_sysfs import write_fabric
 from devstack.slurm_cluster import free_port
 from fleetmedic.policy import Policy
@@ -30,7 +30,7 @@ class ServedAgents:
     """One agent per node on the fake NVML, served from a thread on a free loopback port."""
 
     def __init__(self, nodes: list[str], root: Path, policy: Policy | None = None, token: str = "dev-agent-token",
-                 node_cordoned: Callable[[str], bool] | None = None, gpus: int = 8) -> None:
+                 node_cordoned: Callable[[str], bool] | None = None, gpus: int = 8, port: int | None = None) -> None:
         self.token = token
         self.nvml: dict[str, FakeNvml] = {}
         self.agents: dict[str, Agent] = {}
@@ -43,7 +43,7 @@ class ServedAgents:
             self.agents[node] = build_agent(settings, policy or Policy(), lib=lib,
                                             resetter=self.resets[node].append,
                                             node_cordoned=self._cordon_check(node, node_cordoned))
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         routes: list[Any] = [Route("/dev/{node}/gpus/{gpu:int}", self._set_gpu, methods=["POST"])]
         routes += [Mount(f"/{node}", app=agent.app()) for node, agent in self.agents.items()]
@@ -72,6 +72,12 @@ class ServedAgents:
         if "xid" in body:
             lib.emit_xid(gpu, int(body["xid"]))
         return JSONResponse({"node": node, "gpu": gpu, "temperature_c": lib.gpus[gpu].temperature_c})
+
+    def replaced(self, node: str) -> None:
+        """The provider put new hardware in: every GPU of `node` healthy and cool again."""
+        lib = self.nvml.get(node)
+        if lib is not None:
+            lib.gpus[:] = [FakeGpu() for _ in lib.gpus]
 
     def __enter__(self) -> ServedAgents:
         self.thread.start()

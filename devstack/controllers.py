@@ -53,9 +53,10 @@ def every(interval_s: float, step: Callable[[], None], name: str) -> Iterator[No
 
 @contextmanager
 def provider_controller(kube: KubeEmulatorThread | RealKube, provider: ProviderStandIn,
-                        delay_s: float = 1.0) -> Iterator[list[str]]:
+                        delay_s: float = 1.0, on_replaced: Callable[[str], None] | None = None) -> Iterator[list[str]]:
     """Play the node provider: each accepted request takes its node NotReady, then Ready again
-    `delay_s` later (a new machine, or the same one rebooted, rejoining under the same name)."""
+    `delay_s` later (a new machine, or the same one rebooted, rejoining under the same name).
+    `on_replaced(node)` runs while it is down: the dev stack's agents get healthy GPUs there."""
     handled: list[str] = []
 
     def step() -> None:
@@ -65,6 +66,8 @@ def provider_controller(kube: KubeEmulatorThread | RealKube, provider: ProviderS
             handled.append(record.id)
             try:
                 set_ready(kube, record.body["node"], False)
+                if on_replaced is not None:
+                    on_replaced(record.body["node"])
                 time.sleep(delay_s)
                 set_ready(kube, record.body["node"], True)
             except KeyError:

@@ -5,6 +5,8 @@
 - an emulated fleet: the Kubernetes emulator seeded with GPU nodes and their pods;
 - a local Slurm cluster with the same node names, when Debian's Slurm is installed;
 - a Slack stand-in and an `http` provider stand-in that "replaces" nodes after a few seconds;
+- a node agent per GPU node on the fake NVML (8 healthy GPUs each; heat one to see `hot-gpu-pull`
+  confirm it), so the runbooks' "confirm still hot" and "validate" steps run;
 - the FleetMedic worker.
 
 Ctrl-C stops everything it started.
@@ -22,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,7 @@ import uvicorn
 import yaml
 
 from devstack import fleet
+from devstack.agent_server import ServedAgents
 from devstack.controllers import provider_controller
 from devstack.kube_cluster import KUBE_VERSION, LocalKubeCluster, install_rbac_and_crds
 from devstack.kube_cluster import missing_binaries as missing_kube
@@ -57,6 +61,7 @@ class DevOptions:
     nodes: int = 8
     slurm: bool = True
     webhook_port: int = 8080
+    agent_port: int = 9400
     policy: Path | None = None  # a site's policy (approvals, shadow mode …) on the dev fleet
 
 
@@ -90,7 +95,8 @@ def refuse_taken_ports(options: DevOptions) -> None:
     """A second `fleetmedic dev` (or anything else) on these ports: say so, instead of attaching to
     the other one's Temporal server and re-pointing its schedule."""
     for what, port, flag in (("Temporal", options.port, "--port"), ("the Temporal UI", options.ui_port, "--ui-port"),
-                             ("the webhook", options.webhook_port, "--webhook-port")):
+                             ("the webhook", options.webhook_port, "--webhook-port"),
+                             ("the node agents", options.agent_port, "--agent-port")):
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 raise SystemExit(f"fleetmedic dev: port {port} ({what}) is already in use — another fleetmedic "
@@ -163,16 +169,19 @@ async def run_dev(options: DevOptions) -> None:
                 log.warning("Slurm did not start, continuing without it: %s", exc)
         slack = stack.enter_context(SlackStandIn())
         provider = stack.enter_context(ProviderStandIn())
-        stack.enter_context(provider_controller(kube, provider, delay_s=5.0))
-        stack.enter_context(replica_controller(kube, ready_delay_s=2.0))
-
         policy_text = dev_policy_text(state, provider.url, options.policy)
         (state / "policy.yaml").write_text(policy_text)
         policy = parse_policy(policy_text, str(state / "policy.yaml"))
+        shutil.rmtree(state / "agents", ignore_errors=True)
+        agents = stack.enter_context(ServedAgents(node_names, state / "agents", policy, port=options.agent_port,
+                                                  node_cordoned=cordon_reader(kubeconfig)))
+        stack.enter_context(provider_controller(kube, provider, delay_s=5.0, on_replaced=agents.replaced))
+        stack.enter_context(replica_controller(kube, ready_delay_s=2.0))
         settings = Settings(
             kubeconfig=str(kubeconfig), slurm="on" if slurm else "off",
             slurm_conf=str(slurm.conf) if slurm else None, slack_bot_token="xoxb-dev", slack_channel="#fleetmedic-dev",
             slack_api_url=slack.api_url, policy_path=str(state / "policy.yaml"), metrics_port=0,
+            agent_url=agents.url_template, agent_token=agents.token,
         )
         client = await connect(target_host=f"127.0.0.1:{options.port}", namespace="default")
         await ensure_quota_schedule(client, settings, policy)
@@ -181,7 +190,7 @@ async def run_dev(options: DevOptions) -> None:
         receiver = AlertReceiver(client, policy.routing, settings.task_queue, DEV_WEBHOOK_TOKEN, available_runbooks())
         webhook = uvicorn.Server(uvicorn.Config(receiver.app(), host="127.0.0.1", port=options.webhook_port,
                                                 log_level="warning"))
-        print(_banner(options, kubeconfig, kube_line, slurm, slack, provider, settings), flush=True)
+        print(_banner(options, kubeconfig, kube_line, slurm, slack, provider, agents, settings), flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -206,6 +215,21 @@ def _stop_process(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
+def cordon_reader(kubeconfig: Path) -> Callable[[str], bool]:
+    """Whether a node is cordoned, read from the dev fleet's API (the agents' GPU reset checks it)."""
+    from workers.node_agent.serve import node_cordon_reader
+
+    settings = Settings(kubeconfig=str(kubeconfig))
+    readers: dict[str, Callable[[], bool]] = {}
+
+    def cordoned(node: str) -> bool:
+        if node not in readers:
+            readers[node] = node_cordon_reader(settings, node)
+        return readers[node]()
+
+    return cordoned
+
+
 def start_kubernetes(stack: contextlib.ExitStack, state: Path) -> tuple[Any, str]:
     """The real control plane when scripts/install-kube has built it, else the emulator. Returns
     the world to seed and what the banner says about it."""
@@ -222,7 +246,7 @@ def start_kubernetes(stack: contextlib.ExitStack, state: Path) -> tuple[Any, str
 
 
 def _banner(options: DevOptions, kubeconfig: Path, kube_line: str, slurm: LocalSlurmCluster | None,
-            slack: SlackStandIn, provider: ProviderStandIn, settings: Settings) -> str:
+            slack: SlackStandIn, provider: ProviderStandIn, agents: ServedAgents, settings: Settings) -> str:
     address = "" if options.port == 7233 else f" --address 127.0.0.1:{options.port}"  # as in the README
     slurm_line = (f"SLURM_CONF={slurm.conf} (nodes {', '.join(slurm.nodes)})" if slurm
                   else "not running (install Debian's slurmctld slurmd munge to add it)")
@@ -234,7 +258,9 @@ def _banner(options: DevOptions, kubeconfig: Path, kube_line: str, slurm: LocalS
         f"               {kube_line}",
         f"  Slurm        {slurm_line}",
         f"  Slack        stand-in at {slack.api_url} (channel {settings.slack_channel})",
-        f"  Provider     http stand-in at {provider.url} (replaced nodes come back after 5 s)",
+        f"  Provider     http stand-in at {provider.url} (replaced nodes come back after 5 s, GPUs healthy)",
+        f"  Node agents  {agents.url}/<node> on the fake NVML, 8 GPUs each; heat one: curl -X POST "
+        f"{agents.url}/dev/gpu-node-1/gpus/3 -d '{{\"temperature_c\": 84}}'",
         f"  Worker       polling task queue '{settings.task_queue}'",
         f"  Webhook      http://127.0.0.1:{options.webhook_port}/v1/alerts/alertmanager "
         f"(Authorization: Bearer {DEV_WEBHOOK_TOKEN})",

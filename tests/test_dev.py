@@ -97,3 +97,53 @@ def test_dev_runs_under_a_site_policy_but_keeps_its_own_provider(tmp_path: Path)
     assert policy.provider.kind == "http" and policy.provider.http.url == "http://127.0.0.1:9"
     assert policy.grace.node_ready_deadline.total_seconds() == 600  # the dev default under the site's
     assert yaml.safe_load(dev_policy_text(tmp_path, "u"))["storage"]["root"] == str(tmp_path / "checkpoints")
+
+
+async def test_the_readme_tour_a_hot_gpu_confirmed_approved_replaced_and_validated(tmp_path: Path) -> None:
+    """As the README's tour goes, on the dev stack under a site policy that wants approval before a
+    replace: heat a GPU through the dev agents, start hot-gpu-pull from the CLI, approve it from the
+    CLI; the agent's reading confirms the heat and, after the replacement, validates the node."""
+    port, ui_port, webhook_port, agent_port = free_port(), free_port(), free_port(), free_port()
+    site = tmp_path / "site.yaml"
+    site.write_text("approvals:\n  steps: [replace]\ngrace:\n  checkpoint: 5s\n")
+    proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "dev", "--state-dir", str(tmp_path / "state"),
+                             "--port", str(port), "--ui-port", str(ui_port), "--nodes", "3", "--webhook-port",
+                             str(webhook_port), "--agent-port", str(agent_port), "--policy", str(site)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    address = ["--address", f"127.0.0.1:{port}"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "workers.cli", *args, *address], capture_output=True, text=True,
+                              timeout=120)
+
+    workflow_id = "hot-gpu-pull/default/gpu-node-1"
+    try:
+        client = await _wait_for_worker(proc, port, ui_port, time.monotonic())
+        heated = httpx.post(f"http://127.0.0.1:{agent_port}/dev/gpu-node-1/gpus/3", json={"temperature_c": 84},
+                            timeout=10)
+        assert heated.status_code == 200, heated.text
+        started = await asyncio.to_thread(cli, "run", "hot-gpu-pull", "--node", "gpu-node-1", "--gpu", "3",
+                                          "--temperature", "84", "--by", "tour")
+        assert started.returncode == 0, started.stdout + started.stderr
+        handle = client.get_workflow_handle(workflow_id, result_type=RunbookStatus)
+        deadline = time.monotonic() + 120
+        while (status := await handle.query("status", result_type=RunbookStatus)).awaiting_approval is None:
+            assert status.outcome is None and time.monotonic() < deadline, status
+            await asyncio.sleep(0.5)
+        assert status.awaiting_approval == "replace"
+        waiting = await asyncio.to_thread(cli, "status")
+        assert workflow_id in waiting.stdout and "approval" in waiting.stdout, waiting.stdout
+        approved = await asyncio.to_thread(cli, "approve", workflow_id, "--by", "tour")
+        assert approved.returncode == 0, approved.stdout + approved.stderr
+        report = await asyncio.wait_for(handle.result(), 180)
+        decided = {d.step: d.result for d in report.decisions}
+        assert report.outcome == "remediated", report.decisions
+        assert decided["confirm still hot"].startswith("still hot: GPU 3 84"), decided
+        assert decided["validate"] == "passed", decided  # the new GPUs, read by the node agent
+        audit = await asyncio.to_thread(cli, "audit", workflow_id)
+        assert "| update | approve by tour |" in audit.stdout, audit.stdout  # who approved, in the audit
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
+    assert f"Node agents  http://127.0.0.1:{agent_port}/<node>" in output

@@ -72,6 +72,7 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--nodes", type=int, default=8, help="emulated GPU nodes (default 8)")
     dev.add_argument("--no-slurm", action="store_true", help="do not start a local Slurm cluster")
     dev.add_argument("--webhook-port", type=int, default=8080, help="alert webhook port (default 8080)")
+    dev.add_argument("--agent-port", type=int, default=9400, help="the fake-NVML node agents' port (default 9400)")
     dev.add_argument("--policy", type=Path, help="a site policy to run the dev fleet under (approvals, shadow mode, "
                                                  "budgets); the provider and storage stay the dev ones")
 
@@ -177,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             DevOptions, run_dev = load_dev_stack()
             asyncio.run(run_dev(DevOptions(state_dir=args.state_dir, port=args.port, ui_port=args.ui_port,
                                            nodes=args.nodes, slurm=not args.no_slurm,
-                                           webhook_port=args.webhook_port, policy=args.policy)))
+                                           webhook_port=args.webhook_port, agent_port=args.agent_port,
+                                           policy=args.policy)))
             return 0
         if args.command == "worker":
             from workers.worker import run_worker
