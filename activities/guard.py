@@ -15,7 +15,8 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.start import start_or_attach
-from fleetmedic.ids import guard_workflow_id
+from fleetmedic.details import guard_details
+from fleetmedic.ids import guard_workflow_id, run_summary
 from fleetmedic.models import FleetPause, GuardState, LeaseRequest
 
 
@@ -27,7 +28,8 @@ class GuardActivities:
     async def signal_guard(self, cluster: str, signal: str, arg: Any) -> None:
         await start_or_attach(self.client, "fleet-guard", GuardState(cluster=cluster),
                               workflow_id=guard_workflow_id(cluster), task_queue=self.task_queue, signal=signal,
-                              signal_args=[arg])
+                              signal_args=[arg], summary=run_summary("fleet-guard", cluster, why="disruption leases"),
+                              details=guard_details(cluster))
 
     @activity.defn(name="guard.request")
     async def request_lease(self, cluster: str, request: LeaseRequest) -> None:

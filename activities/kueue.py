@@ -16,8 +16,9 @@ from temporalio.client import Client
 from activities.errors import fail, reread_on_conflict
 from activities.kubernetes import KubernetesActivities, api_errors, node_info
 from activities.start import start_or_attach
+from fleetmedic.details import run_details
 from fleetmedic.errors import ErrorKind
-from fleetmedic.ids import cluster_workflow_id, start_attributes
+from fleetmedic.ids import cluster_workflow_id, run_summary, start_attributes
 from fleetmedic.models import ActionResult
 from fleetmedic.quota import Flavor, KueueSnapshot, Queue, QuotaSlot, QuotaSyncInput, QuotaUpdate
 
@@ -156,7 +157,10 @@ class KueueTrigger:
         await start_or_attach(self.client, "kueue-quota-sync", QuotaSyncInput(cluster=cluster,
                                                                               requested_by="node runbook"),
                               workflow_id=workflow_id, task_queue=self.task_queue, signal="sync",
-                              search_attributes=start_attributes("kueue-quota-sync", cluster))
+                              search_attributes=start_attributes("kueue-quota-sync", cluster),
+                              summary=run_summary("kueue-quota-sync", cluster, why="a node left or came back"),
+                              details=run_details(workflow_id, "kueue-quota-sync", cluster,
+                                                  started_by="a node runbook (a node left or came back)"))
 
     def activities(self) -> list[Callable[..., Any]]:
         return [self.request_quota_sync]

@@ -49,3 +49,13 @@ def run_details(workflow_id: str, runbook: str, cluster: str, *, node: str = "",
             else "**Live**: it cordons, drains and replaces as the policy allows")
     return "\n\n".join([" · ".join(facts), f"**Started by** `{started_by.replace('`', '')}`", mode,
                         f"Follow it: `fleetmedic status --cluster {cluster}` · `fleetmedic audit {workflow_id}`"])
+
+
+def guard_details(cluster: str) -> str:
+    """The fleet guard's *Details*: what it is and the two commands an operator needs of it."""
+    return "\n\n".join([
+        f"Grants the disruption leases of **{cluster}**: first come, first served, within the policy's `budget` "
+        "(runbooks at once, share of GPU nodes out, per topology domain).",
+        f"Who holds and who waits: `fleetmedic status --cluster {cluster}`",
+        f"Stop every destructive step in {cluster}: `fleetmedic pause --cluster {cluster} --reason …` "
+        f"(recovery goes on; `fleetmedic resume --cluster {cluster}` lifts it)"])

@@ -74,6 +74,9 @@ async def test_run_starts_once_per_node_and_status_lists_it(client: Client, task
     described = await client.get_workflow_handle(workflow_id).describe()
     assert await described.static_summary() == f"xid-recovery n1 in c-{task_queue} (XID 79, GPU 3) — " \
                                                 "started by cli (shadow)"
+    details = await described.static_details()
+    assert details is not None and "**Node** n1" in details and "**Started by** `cli (fleetmedic run)`" in details
+    assert "**Shadow mode**" in details and f"fleetmedic audit {workflow_id}" in details
     handle = client.get_workflow_handle(workflow_id, result_type=RunbookStatus)
     await handle.terminate("test over")
 

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from temporalio.client import WorkflowHandle
 
-from fleetmedic.ids import node_workflow_id
+from fleetmedic.ids import guard_workflow_id, node_workflow_id
 from fleetmedic.models import RunbookStatus
 from tests.browser import headless_chromium
 from tests.conftest import require
@@ -70,6 +70,10 @@ async def test_an_escalated_run_shows_its_summary_why_it_waits_and_what_to_do(st
                     f"fleetmedic abort {workflow_id} --by YOU")
                 await page.screenshot(shots / "escalated-run.png")
                 assert "Unavailable" in text or "503" in text, text
+                # The fleet guard that granted its lease says what it is and how to pause it.
+                guard = await stack.client.get_workflow_handle(guard_workflow_id(stack.cluster)).describe()
+                assert await guard.static_summary() == f"fleet-guard {stack.cluster} — disruption leases"
+                assert f"fleetmedic pause --cluster {stack.cluster}" in (await guard.static_details() or "")
 
                 answered = await asyncio.to_thread(cli, "answer", workflow_id, "abort", "--by", "alice",
                                                    "--reason", "hardware team on it")

@@ -22,7 +22,8 @@ from temporalio.client import (
     ScheduleUpdateInput,
 )
 
-from fleetmedic.ids import cluster_workflow_id, start_attributes
+from fleetmedic.details import run_details
+from fleetmedic.ids import cluster_workflow_id, run_summary, start_attributes
 from fleetmedic.policy import Policy
 from fleetmedic.quota import QuotaSyncInput
 from fleetmedic.settings import Settings
@@ -43,7 +44,10 @@ async def ensure_quota_schedule(client: Client, settings: Settings, policy: Poli
     action = ScheduleActionStartWorkflow(
         QUOTA_SYNC, QuotaSyncInput(cluster=settings.cluster, requested_by="schedule"),
         id=schedule_id, task_queue=settings.task_queue,  # Temporal appends the run's time to the ID
-        typed_search_attributes=start_attributes(QUOTA_SYNC, settings.cluster))
+        typed_search_attributes=start_attributes(QUOTA_SYNC, settings.cluster),
+        static_summary=run_summary(QUOTA_SYNC, settings.cluster, why=f"every {policy.kueue.interval}"),
+        static_details=run_details(schedule_id, QUOTA_SYNC, settings.cluster,
+                                   started_by=f"schedule {schedule_id} (pause it in the UI's Schedules)"))
     spec = ScheduleSpec(intervals=[ScheduleIntervalSpec(every=policy.kueue.interval)])
     rules = SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP)
     try:
