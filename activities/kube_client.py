@@ -5,13 +5,17 @@ the activities.
 One client per process: its connection pool is sized to the threads that use it (a pool smaller
 than the threads makes urllib3 open and drop connections under load), and every request passes
 a token bucket, so a fleet-wide incident cannot flood an API server that may itself be in trouble.
+The protective step (cordon a bad node) has a bucket of its own (`kube_api.protective_qps`): a
+thousand drains and watches using up the main one never delay a new alert's cordon.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from kubernetes import client, config
@@ -23,6 +27,19 @@ from fleetmedic.errors import ErrorKind
 
 # The longest a 429's Retry-After may hold the process's requests (a bad header must not stall it).
 MAX_RETRY_AFTER_S = 30.0
+
+# Set while the protective step runs (and in the threads it hands work to, which copy the context).
+_PROTECTIVE = ContextVar("fleetmedic_protective_lane", default=False)
+
+
+@contextmanager
+def protective_lane() -> Iterator[None]:
+    """The requests made inside take the protective bucket instead of the main one."""
+    token = _PROTECTIVE.set(True)
+    try:
+        yield
+    finally:
+        _PROTECTIVE.reset(token)
 
 
 class RateLimiter:
@@ -60,27 +77,35 @@ class RateLimiter:
 
 
 class LimitedApiClient(ApiClient):  # type: ignore[misc]  # the client is untyped
-    """An ApiClient whose every request (watches included) passes the process's rate limiter."""
+    """An ApiClient whose every request (watches included) passes the process's rate limiter: the
+    protective one inside `protective_lane()`, the main one otherwise. A 429 holds both: the server
+    asked everyone to wait."""
 
-    def __init__(self, configuration: client.Configuration, limiter: RateLimiter, timeout_s: float) -> None:
+    def __init__(self, configuration: client.Configuration, limiter: RateLimiter, timeout_s: float,
+                 protective: RateLimiter | None = None) -> None:
         super().__init__(configuration)
         self.limiter = limiter
+        self.protective = protective or limiter
         self.timeout_s = timeout_s
         send = self.rest_client.request  # every API call of the generated client ends here
 
         def limited(*args: Any, **kwargs: Any) -> Any:
-            self.limiter.acquire(self.timeout_s)
+            (self.protective if _PROTECTIVE.get() else self.limiter).acquire(self.timeout_s)
             try:
                 response = send(*args, **kwargs)
             except ApiException as exc:  # client versions that raise here
                 if exc.status == 429:
-                    self.limiter.back_off(_retry_after(exc.headers))
+                    self.back_off(_retry_after(exc.headers))
                 raise
             if getattr(response, "status", None) == 429:  # those that raise later, from the response
-                self.limiter.back_off(_retry_after(response.getheaders()))
+                self.back_off(_retry_after(response.getheaders()))
             return response
 
         self.rest_client.request = limited
+
+    def back_off(self, seconds: float) -> None:
+        for limiter in {id(self.limiter): self.limiter, id(self.protective): self.protective}.values():
+            limiter.back_off(seconds)
 
 
 def _retry_after(headers: Any) -> float:
@@ -91,12 +116,14 @@ def _retry_after(headers: Any) -> float:
 
 
 def load_api_client(kubeconfig: str | None, *, pool: int = 4, qps: float = 50, burst: int = 100,
-                    timeout_s: float = 10.0) -> ApiClient:
+                    timeout_s: float = 10.0, protective_qps: float | None = None,
+                    protective_burst: int | None = None) -> ApiClient:
     """In-cluster config when running in a pod, else KUBECONFIG / ~/.kube/config.
 
     urllib3's own retries are off: a timeout must surface after one `_request_timeout`, and
     Temporal's retry policy (bounded, visible in the history) does the retrying. `pool`: the
-    threads that share this client; `qps`/`burst`: the policy's `kube_api` rate limit.
+    threads that share this client; `qps`/`burst`: the policy's `kube_api` rate limit, and
+    `protective_qps`/`protective_burst` the protective step's own (none: it shares the main one).
     """
     configuration = client.Configuration()
     if kubeconfig:
@@ -108,4 +135,6 @@ def load_api_client(kubeconfig: str | None, *, pool: int = 4, qps: float = 50, b
             config.load_kube_config(client_configuration=configuration)
     configuration.retries = False
     configuration.connection_pool_maxsize = pool
-    return LimitedApiClient(configuration, RateLimiter(qps, burst), timeout_s)
+    protective = (RateLimiter(protective_qps, protective_burst or max(1, int(protective_qps)))
+                  if protective_qps else None)
+    return LimitedApiClient(configuration, RateLimiter(qps, burst), timeout_s, protective)

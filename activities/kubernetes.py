@@ -8,6 +8,7 @@ by the object's resourceVersion, so a concurrent writer costs us a retry, never 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -24,6 +25,7 @@ from temporalio import activity
 
 from activities.errors import fail, from_http_status, reread_on_conflict
 from activities.node_watch import NodeWatch
+from activities.waits import BlockingCalls
 from fleetmedic.errors import ErrorKind
 from fleetmedic.lemon import with_remediation
 from fleetmedic.models import (
@@ -129,8 +131,9 @@ def pod_info(pod: client.V1Pod, gpu_resource: str) -> PodInfo:
 
 class KubernetesActivities:
     def __init__(self, api_client: Callable[[], ApiClient], policy: Policy, *, timeout_s: float = 10.0,
-                 force_dry_run: bool = False) -> None:
+                 force_dry_run: bool = False, blocking: BlockingCalls | None = None) -> None:
         self._api_client = api_client
+        self.blocking = blocking or BlockingCalls()  # the async waits' API calls
         self._client: ApiClient | None = None
         self.policy = policy
         self.timeout = timeout_s
@@ -420,17 +423,18 @@ class KubernetesActivities:
     # --- eviction -------------------------------------------------------------------------------
 
     @activity.defn(name="k8s.evict_pods")
-    def evict_pods(self, request: EvictRequest) -> EvictionReport:
+    async def evict_pods(self, request: EvictRequest) -> EvictionReport:
         """Evict every pod on the node through the Eviction API, like `kubectl drain`.
 
         DaemonSet and mirror pods are skipped (their controllers put them straight back); a
         PodDisruptionBudget's 429 is waited out until the deadline; pods that never leave are
         reported, not hidden. Heartbeats carry progress so a retried attempt can be watched.
+        Async, on the waits queue: the PDB backoff and the wait for terminating pods hold no thread.
         """
         deadline = time.monotonic() + request.deadline_s
         pending: list[client.V1Pod] = []
         skipped: list[PodProblem] = []
-        for pod in self.pods_on(request.node):
+        for pod in await self.blocking(self.pods_on, request.node):
             info = pod_info(pod, self.policy.labels.gpu_resource)
             if info.owner_kind == "DaemonSet":
                 skipped.append(PodProblem(pod=info.ref, reason="DaemonSet pod"))
@@ -446,12 +450,13 @@ class KubernetesActivities:
             return EvictionReport(node=request.node, dry_run=True, skipped=skipped,
                                   evicted=[f"{p.metadata.namespace}/{p.metadata.name}" for p in pending])
 
-        evicted, left, last_error = self.evict_until(pending, deadline)
-        self._wait_gone(request.node, evicted, deadline)
+        evicted, left, last_error = await self.evict_until(pending, deadline)
+        await self._wait_gone(request.node, evicted, deadline)
         failed = [PodProblem(pod=ref, reason=last_error.get(ref, "deadline")) for ref in left]
         return EvictionReport(node=request.node, evicted=evicted, skipped=skipped, failed=failed)
 
-    def evict_until(self, pending: list[client.V1Pod], deadline: float) -> tuple[list[str], list[str], dict[str, str]]:
+    async def evict_until(self, pending: list[client.V1Pod],
+                          deadline: float) -> tuple[list[str], list[str], dict[str, str]]:
         """Evict each pod, waiting out PodDisruptionBudget refusals (backoff) until `deadline`.
         Returns (evicted, still there, why each one is still there)."""
         evicted: list[str] = []
@@ -461,7 +466,7 @@ class KubernetesActivities:
             still: list[client.V1Pod] = []
             for pod in pending:
                 ref = f"{pod.metadata.namespace}/{pod.metadata.name}"
-                outcome = self._evict_one(pod)
+                outcome = await self.blocking(self._evict_one, pod)
                 if outcome is None:
                     evicted.append(ref)
                 else:
@@ -470,7 +475,7 @@ class KubernetesActivities:
             pending = still
             activity.heartbeat({"evicted": len(evicted), "waiting": len(pending)})
             if pending:
-                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 2, 5.0)
         return evicted, [f"{p.metadata.namespace}/{p.metadata.name}" for p in pending], last_error
 
@@ -493,13 +498,13 @@ class KubernetesActivities:
         except urllib3.exceptions.HTTPError as exc:
             return f"API unreachable: {exc}"
 
-    def _wait_gone(self, node: str, refs: list[str], deadline: float) -> None:
+    async def _wait_gone(self, node: str, refs: list[str], deadline: float) -> None:
         while refs and time.monotonic() < deadline:
-            present = {f"{p.metadata.namespace}/{p.metadata.name}" for p in self.pods_on(node)}
+            present = {f"{p.metadata.namespace}/{p.metadata.name}" for p in await self.blocking(self.pods_on, node)}
             if not present.intersection(refs):
                 return
             activity.heartbeat({"terminating": len(present.intersection(refs))})
-            time.sleep(0.5)
+            await asyncio.sleep(0.5)
 
     # --- events -------------------------------------------------------------------------------
 

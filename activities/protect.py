@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from temporalio import activity
 
+from activities.kube_client import protective_lane
 from activities.kubernetes import KubernetesActivities, node_info
 from activities.slurm import SlurmActivities
 from fleetmedic.models import (
@@ -51,7 +52,12 @@ class ProtectiveActivities:
     def protect_node(self, request: ProtectRequest) -> Protection:
         """Read the node, its opt-out and its Slurm jobs; unless it is opted out (or missing), cordon
         or taint it and set it DRAIN in Slurm, together. Idempotent: a retry finds it done.
-        The writes wait for the opt-out only: the jobs (a slower read) are collected after them."""
+        The writes wait for the opt-out only: the jobs (a slower read) are collected after them.
+        Its Kubernetes requests take the protective rate-limit bucket (activities/kube_client.py)."""
+        with protective_lane():
+            return self._protect(request)
+
+    def _protect(self, request: ProtectRequest) -> Protection:
         looked = self._submit(self.kubernetes.look, request.node)
         jobs: Future[list[SlurmJob]] | None = (self._submit(self.slurm.jobs_on_node, request.node)
                                                if request.slurm else None)

@@ -152,23 +152,25 @@ class TrafficActivities:
         return training
 
     @activity.defn(name="traffic.evict")
-    def evict(self, request: EvictPods) -> EvictionReport:
-        """Evict these pods (PodDisruptionBudgets honoured: a 429 is waited out until the deadline)."""
+    async def evict(self, request: EvictPods) -> EvictionReport:
+        """Evict these pods (PodDisruptionBudgets honoured: a 429 is waited out until the deadline).
+        Async, on the waits queue (activities/waits.py)."""
         if self.k8s._dry(request.dry_run):
             return EvictionReport(node="", dry_run=True, evicted=list(request.pods))
         pending = [client.V1Pod(metadata=client.V1ObjectMeta(namespace=ref.split("/", 1)[0],
                                                               name=ref.split("/", 1)[1])) for ref in request.pods]
-        evicted, left, errors = self.k8s.evict_until(pending, time.monotonic() + request.deadline_s)
+        evicted, left, errors = await self.k8s.evict_until(pending, time.monotonic() + request.deadline_s)
         return EvictionReport(node="", evicted=evicted,
                               failed=[PodProblem(pod=ref, reason=errors.get(ref, "deadline")) for ref in left])
 
     @activity.defn(name="traffic.wait_home")
-    def wait_home(self, request: WaitHome) -> HomeReport:
-        """Poll until enough inference pods are Ready in-cluster; track the lowest ready/minimum ratio."""
+    async def wait_home(self, request: WaitHome) -> HomeReport:
+        """Poll until enough inference pods are Ready in-cluster; track the lowest ready/minimum ratio.
+        Async, on the waits queue (activities/waits.py): each read on the waits' few threads."""
         deadline = time.monotonic() + request.timeout_s
         lowest = float("inf")
         while True:
-            snap = self.read(light=True)
+            snap = await self.k8s.blocking(self.read, True)
             ratios = [d.ready / max(1, minimum_ready(d.replicas, request.min_fraction)) for d in snap.deployments]
             lowest = min([lowest, *ratios]) if ratios else lowest
             home = sum(d.ready_in_cluster for d in snap.deployments)
@@ -178,7 +180,7 @@ class TrafficActivities:
                 return HomeReport(done=True, in_cluster_ready=home, min_ready_ratio=lowest)
             if time.monotonic() >= deadline:
                 return HomeReport(done=False, in_cluster_ready=home, min_ready_ratio=lowest, below_minimum=below)
-            time.sleep(POLL_S)
+            await asyncio.sleep(POLL_S)
 
     @activity.defn(name="traffic.slo")
     def slo(self, check: SloCheck) -> SloResult:

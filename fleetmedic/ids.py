@@ -55,3 +55,13 @@ def run_summary(runbook: str, cluster: str, node: str = "", xid: int | None = No
                                         f"GPU {gpu}" if gpu is not None else "") if part)
     where = f"{node} in {cluster}" if node else cluster
     return f"{runbook} {where}" + (f" ({facts})" if facts else "") + (f" — {why}" if why else "")
+
+
+def protective_queue(task_queue: str) -> str:
+    """The protective step's queue beside a worker's task queue (its own slots on every worker)."""
+    return f"{task_queue}-protective"
+
+
+def waits_queue(task_queue: str) -> str:
+    """The queue of the activities that wait (activities/waits.py) beside a worker's task queue."""
+    return f"{task_queue}-waits"

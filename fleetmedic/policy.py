@@ -303,6 +303,11 @@ class KubeApiPolicy(_Strict):
     # server holds every caller for its Retry-After. (client-go's defaults, 5/10, are for one controller.)
     qps: float = Field(50, gt=0, le=10000)
     burst: int = Field(100, ge=1, le=10000)
+    # The protective step's own bucket (cordon + the reads before it), beside the main one: drains,
+    # watches and replacements using up `qps` never delay a new alert's cordon. The process's
+    # total toward the server is at most qps + protective_qps.
+    protective_qps: float = Field(20, gt=0, le=10000)
+    protective_burst: int = Field(50, ge=1, le=10000)
 
 
 class Route(_Strict):

@@ -57,7 +57,10 @@ class Stack:
             self.kube.emulator.put(fleet.pod(f"serve-{name}", name, namespace="inference",
                                              labels={"app": "serve", "fleetmedic.io/workload": "inference"}))
             self.kube.emulator.put(fleet.pod(f"dcgm-{name}", name, namespace="gpu-operator", owner_kind="DaemonSet"))
-        # Another replica elsewhere keeps the PDB satisfiable: one eviction at a time is allowed.
+        # Another replica elsewhere keeps the PDB satisfiable: one eviction at a time is allowed. Its
+        # node exists (not a GPU node): the controller-manager's pod GC deletes pods bound to a node
+        # that does not, 40 s after it sees them — a slow run then found the replica gone.
+        self.kube.emulator.put(fleet.node("cpu-node", gpus=0, labels={fleet.GPU_LABEL: "false"}))
         self.kube.emulator.put(fleet.pod("serve-elsewhere", "cpu-node", namespace="inference",
                                          labels={"app": "serve"}))
         self.kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},

@@ -70,3 +70,42 @@ def test_every_request_of_the_workers_client_passes_the_limiter(kube: RealKube) 
     with pytest.raises(client.ApiException):
         core.read_node("n1")
     assert api.limiter.hold_until > api.limiter.clock()
+
+
+def test_the_protective_step_has_a_bucket_of_its_own_and_a_429_holds_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thousand drains using up the main bucket never delay a new alert's cordon."""
+    from kubernetes.client import rest
+
+    from activities.kube_client import protective_lane
+
+    sent: list[str] = []
+
+    class Answer:
+        status = 200
+
+        @staticmethod
+        def getheaders() -> dict[str, str]:
+            return {}
+
+    def send(self: object, method: str, url: str, *args: object, **kwargs: object) -> Answer:
+        sent.append(url)
+        return Answer()
+
+    monkeypatch.setattr(rest.RESTClientObject, "request", send)  # where every API call ends
+    clock = FakeClock()
+    main = RateLimiter(qps=1, burst=2, clock=clock, sleep=clock.sleep)
+    protective = RateLimiter(qps=10, burst=5, clock=clock, sleep=clock.sleep)
+    api = LimitedApiClient(client.Configuration(), main, timeout_s=60, protective=protective)
+    for _ in range(4):
+        api.rest_client.request("GET", "/bulk")
+    assert clock.slept == [1.0, 1.0]  # the main bucket: burst 2, then 1/s
+    with protective_lane():
+        for _ in range(5):
+            api.rest_client.request("GET", "/cordon")
+    assert clock.slept == [1.0, 1.0] and sent.count("/cordon") == 5  # no wait behind the bulk
+    api.rest_client.request("GET", "/bulk")
+    assert clock.slept[-1] == 1.0  # outside the lane: the main bucket again
+    api.back_off(3)
+    with protective_lane():
+        api.rest_client.request("GET", "/cordon")
+    assert clock.slept[-1] == pytest.approx(3.0)  # the server's Retry-After holds the protective lane too

@@ -48,6 +48,8 @@ def test_there_are_histories_to_replay() -> None:
                                            # protective first (#20)
                                            "xid-recovery-protective-kill", "xid-recovery-protective-while-paused",
                                            "nvlink-fault-replace-protective-taint", "hot-gpu-pull-protective",
+                                           # waits that hold no thread (#20)
+                                           "migrate-back-waits-queue", "xid-recovery-new-name-waits-queue",
                                            "xid-recovery-protective-lemon",
                                            # replacements under new names, burn-in (#17)
                                            "xid-recovery-replaced-new-name", "xid-recovery-no-replacement",

@@ -59,3 +59,24 @@ async def test_worker_process_serves_metrics_and_stops_gracefully(temporal_env: 
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, output
     assert "shutting down" in output
+
+
+def test_every_activity_that_waits_is_async_on_the_waits_queue(tmp_path: Path) -> None:
+    """A wait holds no thread: the waits queue's activities are coroutines (their blocking calls on
+    a few shared threads), and the waits a runbook may spend minutes in are all there."""
+    import inspect
+
+    from temporalio import activity as temporal_activity
+
+    from fleetmedic.policy import Policy
+    from fleetmedic.settings import Settings
+    from workers.worker import Activities
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    activities = Activities(Settings(kubeconfig=str(kubeconfig)), Policy(), client=None,  # type: ignore[arg-type]
+                            api_client=lambda: None)  # type: ignore[arg-type,return-value]
+    names = {temporal_activity._Definition.must_from_callable(fn).name: fn for fn in activities.waits}
+    assert set(names) == {"k8s.wait_node_ready", "k8s.evict_pods", "provider.find_replacement", "traffic.evict",
+                          "traffic.wait_home"}
+    assert all(inspect.iscoroutinefunction(fn) for fn in names.values()), names

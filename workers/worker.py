@@ -42,6 +42,8 @@ from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
 from activities.storage import StorageActivities
 from activities.temporal import TemporalActivities
 from activities.traffic import TrafficActivities, TrafficHandoff
+from activities.waits import WAIT_IO_THREADS, BlockingCalls
+from fleetmedic import ids
 from fleetmedic.models import RunContext
 from fleetmedic.policy import Policy, load_policy
 from fleetmedic.settings import Settings
@@ -69,11 +71,11 @@ class ActivityGroup(Protocol):
 
 
 def protective_queue(settings: Settings) -> str:
-    return f"{settings.task_queue}-protective"
+    return ids.protective_queue(settings.task_queue)
 
 
 def wait_queue(settings: Settings) -> str:
-    return f"{settings.task_queue}-waits"
+    return ids.waits_queue(settings.task_queue)
 
 
 class Activities:
@@ -84,12 +86,15 @@ class Activities:
     def __init__(self, settings: Settings, policy: Policy, client: Client,
                  api_client: Callable[[], ApiClient] | None = None) -> None:
         # One API client for the process, its pool sized to every thread that may use it at once.
-        pool = settings.activity_threads + 2 * settings.protective_slots
+        pool = settings.activity_threads + 2 * settings.protective_slots + WAIT_IO_THREADS
         kube_client = api_client or cache(lambda: load_api_client(
             settings.kubeconfig, pool=pool, qps=policy.kube_api.qps, burst=policy.kube_api.burst,
-            timeout_s=settings.kube_timeout_s))
+            timeout_s=settings.kube_timeout_s, protective_qps=policy.kube_api.protective_qps,
+            protective_burst=policy.kube_api.protective_burst))
         dry = settings.dry_run
-        kubernetes = KubernetesActivities(kube_client, policy, timeout_s=settings.kube_timeout_s, force_dry_run=dry)
+        blocking = BlockingCalls(WAIT_IO_THREADS)  # the waits' short calls, shared by every wait
+        kubernetes = KubernetesActivities(kube_client, policy, timeout_s=settings.kube_timeout_s, force_dry_run=dry,
+                                          blocking=blocking)
         threading.Thread(target=kubernetes.warm, name="kubernetes-warm-up", daemon=True).start()
         cli = SlurmCli(settings.slurm_conf, settings.slurm_timeout_s)
         reader = (SlurmRest(settings.slurmrestd_url, settings.slurm_jwt or "", settings.slurm_user,
@@ -101,16 +106,19 @@ class Activities:
                              provider=provider.name, provider_supports=sorted(provider.supports),
                              protective_queue=protective_queue(settings), wait_queue=wait_queue(settings))
         self.protective = ProtectiveActivities(kubernetes, slurm, threads=2 * settings.protective_slots).activities()
-        self.waits: list[Callable[..., Any]] = [kubernetes.wait_node_ready]
+        providers = ProviderActivities(provider, force_dry_run=dry, blocking=blocking)
+        traffic = TrafficActivities(kubernetes, settings.prometheus_url)
+        self.waits: list[Callable[..., Any]] = [kubernetes.wait_node_ready, kubernetes.evict_pods,
+                                                providers.find_replacement, traffic.evict, traffic.wait_home]
         groups: list[ActivityGroup] = [
             ConfigActivities(policy, context, force_dry_run=dry),
             kubernetes,
             KueueActivities(kubernetes),
-            TrafficActivities(kubernetes, settings.prometheus_url),
+            traffic,
             slurm,
             BurnInActivities(slurm),
             StorageActivities(policy.storage),
-            ProviderActivities(provider, force_dry_run=dry),
+            providers,
             SlackActivities(settings.slack_bot_token, settings.slack_channel or policy.notify.slack_channel,
                             settings.slack_api_url, shadow_channel=policy.notify.shadow_channel),
             AgentActivities(settings.agent_url, settings.agent_token, force_dry_run=dry),

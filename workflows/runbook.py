@@ -304,6 +304,14 @@ class Runbook:
     def call_timeout(self) -> timedelta:
         return self.policy.retries.call_timeout if self.policy else SHORT
 
+    def waits_queue(self) -> str | None:
+        """Where an activity that waits runs (activities/waits.py: async, holding no thread): the
+        run's queue's `-waits` twin. Runs recorded before the waits moved there keep them on the
+        run's own queue (patched)."""
+        if workflow.patched("waits-hold-no-thread"):
+            return ids.waits_queue(workflow.info().task_queue)
+        return None
+
     async def call(self, step: str, activity: Activity[In, Out], arg: In, *,
                    timeout: timedelta | None = None, retry: RetryPolicy | None = None,
                    heartbeat: timedelta | None = None, summary: str | None = None,

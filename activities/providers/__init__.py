@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +16,7 @@ from activities.providers.cluster_api import ClusterApiProvider
 from activities.providers.http import HttpProvider
 from activities.providers.karpenter import KarpenterProvider
 from activities.providers.manual import ManualProvider
+from activities.waits import BlockingCalls
 from fleetmedic.errors import ErrorKind
 from fleetmedic.models import FindReplacement, ProviderRequest, ProviderResult, Replacement
 from fleetmedic.policy import ProviderPolicy
@@ -36,9 +38,11 @@ def make_provider(policy: ProviderPolicy, api_client: Callable[[], ApiClient], *
 
 
 class ProviderActivities:
-    def __init__(self, provider: NodeProvider, *, force_dry_run: bool = False) -> None:
+    def __init__(self, provider: NodeProvider, *, force_dry_run: bool = False,
+                 blocking: BlockingCalls | None = None) -> None:
         self.provider = provider
         self.force_dry_run = force_dry_run
+        self.blocking = blocking or BlockingCalls()  # the search's looks
 
     @activity.defn(name="provider.request")
     def request(self, request: ProviderRequest) -> ProviderResult:
@@ -50,18 +54,19 @@ class ProviderActivities:
         return result
 
     @activity.defn(name="provider.find_replacement")
-    def find_replacement(self, find: FindReplacement) -> Replacement:
+    async def find_replacement(self, find: FindReplacement) -> Replacement:
         """Look for the new node until the provider names it or `timeout_s` passes (the runbook asks
-        again until its own deadline); heartbeats between looks, so a cancelled run stops it."""
+        again until its own deadline); heartbeats between looks, so a cancelled run stops it.
+        Async, on the waits queue (activities/waits.py): a machine that takes minutes holds no thread."""
         deadline = time.monotonic() + find.timeout_s
         while True:
-            found = self.provider.find_replacement(find.follow)
+            found = await self.blocking(self.provider.find_replacement, find.follow)
             if found.node is not None:
                 _trusted(found.node)
             if found.node is not None or found.failed or time.monotonic() >= deadline:
                 return found
             activity.heartbeat(found.detail)
-            time.sleep(min(LOOK_EVERY_S, max(deadline - time.monotonic(), 0)))
+            await asyncio.sleep(min(LOOK_EVERY_S, max(deadline - time.monotonic(), 0)))
 
     def activities(self) -> list[Callable[..., Any]]:
         return [self.request, self.find_replacement]
