@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from kubernetes.client import ApiClient
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.worker import Worker
+from temporalio.worker import PollerBehaviorAutoscaling, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.agent import AgentActivities
@@ -171,6 +171,10 @@ class FleetWorker:
         await asyncio.gather(*(w.__aexit__(*exc) for w in self.workers))
 
 
+# Workflow-task polls a worker may keep open at once (the autoscaler stays between 2 and this).
+WORKFLOW_POLLERS_MAX = 20
+
+
 def build_worker(client: Client, settings: Settings, policy: Policy, *,
                  api_client: Callable[[], ApiClient] | None = None,
                  workflows: Sequence[type] | None = None,
@@ -186,6 +190,12 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         max_concurrent_activities=settings.activity_threads,
         workflow_runner=sandbox_runner(),
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
+        # A storm's new runs arrive on the non-sticky queue, which the SDK's default polls with one
+        # poller of five: 50 new alerts then waited ~2.5 s, one poll round trip each, for their
+        # first workflow task. Pollers that scale with the backlog take them together.
+        workflow_task_poller_behavior=PollerBehaviorAutoscaling(minimum=2, maximum=WORKFLOW_POLLERS_MAX, initial=8),
+        nonsticky_to_sticky_poll_ratio=1.0,
+        activity_task_poller_behavior=PollerBehaviorAutoscaling(initial=5),
     )
     protective = Worker(
         client, task_queue=protective_queue(settings),
@@ -194,6 +204,9 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
                                              thread_name_prefix="fleetmedic-protective"),
         max_concurrent_activities=settings.protective_slots,
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
+        # As many polls as slots: 50 cordons at once must not queue behind five poll round trips.
+        activity_task_poller_behavior=PollerBehaviorAutoscaling(minimum=1, maximum=max(1, settings.protective_slots),
+                                                                initial=min(4, max(1, settings.protective_slots))),
     )
     waits = Worker(client, task_queue=wait_queue(settings), activities=activities.waits,
                    max_concurrent_activities=settings.wait_slots, graceful_shutdown_timeout=SHUTDOWN_GRACE)
