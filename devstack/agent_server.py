@@ -66,11 +66,16 @@ class ServedAgents:
         lib = self.nvml.get(node)
         if lib is None or not 0 <= gpu < len(lib.gpus):
             return JSONResponse({"error": f"no GPU {gpu} on {node}"}, status_code=404)
-        body = await request.json()
-        if "temperature_c" in body:
-            lib.gpus[gpu].temperature_c = int(body["temperature_c"])
-        if "xid" in body:
-            lib.emit_xid(gpu, int(body["xid"]))
+        try:
+            body = await request.json()
+            temperature, xid = body.get("temperature_c"), body.get("xid")
+            if temperature is not None:
+                lib.gpus[gpu].temperature_c = int(temperature)
+            if xid is not None:
+                lib.emit_xid(gpu, int(xid))
+        except (ValueError, TypeError, AttributeError) as exc:  # JSON errors are ValueErrors
+            return JSONResponse({"error": f'expected {{"temperature_c": 84}} or {{"xid": 79}}: {exc}'},
+                                status_code=400)
         return JSONResponse({"node": node, "gpu": gpu, "temperature_c": lib.gpus[gpu].temperature_c})
 
     def replaced(self, node: str) -> None:
