@@ -80,3 +80,62 @@ def test_every_activity_that_waits_is_async_on_the_waits_queue(tmp_path: Path) -
     assert set(names) == {"k8s.wait_node_ready", "k8s.evict_pods", "provider.find_replacement", "traffic.evict",
                           "traffic.wait_home"}
     assert all(inspect.iscoroutinefunction(fn) for fn in names.values()), names
+
+
+async def test_the_worker_rides_out_a_temporal_outage_and_polls_again(tmp_path: Path) -> None:
+    """Temporal restarts under a running `fleetmedic worker`: the worker stays up (no exit, no
+    traceback loop) and takes the next run once the server is back, without being restarted."""
+    from temporalio.client import Client
+
+    from devstack.dev import DevOptions, start_temporal
+    from fleetmedic.models import RunbookStatus
+
+    options = DevOptions(state_dir=tmp_path / "temporal", port=free_port(), ui_port=free_port())
+    address = f"127.0.0.1:{options.port}"
+
+    def stop(proc: subprocess.Popen[bytes]) -> None:  # ours: its own session, stopped by its PID
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(20)
+
+    async def healthy() -> Client:
+        """The dev server listens before its frontend serves: connect once it does."""
+        for _ in range(120):
+            try:
+                return await Client.connect(address, data_converter=pydantic_data_converter)
+            except RuntimeError:
+                await asyncio.sleep(0.5)
+        raise AssertionError("the Temporal dev server did not get healthy")
+
+    async def worker_answers(run: str) -> str:
+        """A new run's first step, as the worker reports it: only a polling worker runs it and
+        answers the query (the run is then stopped: this test has no Kubernetes to finish it)."""
+        client = await healthy()
+        handle = await client.start_workflow(
+            "xid-recovery", {"cluster": "default", "node": "gpu-1", "xid": 79}, id=f"xid-recovery/default/{run}",
+            task_queue="fleetmedic", result_type=RunbookStatus)
+        try:
+            status = await handle.query("status", result_type=RunbookStatus)
+            return status.step
+        finally:
+            await handle.terminate("test over")
+
+    server = start_temporal(options)
+    await healthy()
+    env = {**os.environ, "TEMPORAL_ADDRESS": address, "FLEETMEDIC_METRICS_PORT": "0", "FLEETMEDIC_SLURM": "off",
+           "KUBECONFIG": str(tmp_path / "missing-kubeconfig")}
+    worker = subprocess.Popen([sys.executable, "-m", "workers.cli", "worker"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        assert await asyncio.wait_for(worker_answers("before"), 120)  # a step name: the worker ran it
+        stop(server)
+        await asyncio.sleep(10)  # several poll attempts fail meanwhile
+        assert worker.poll() is None, "the worker exited when Temporal went away"
+        server = start_temporal(options)  # the same port and history file
+        assert await asyncio.wait_for(worker_answers("after"), 180)
+        assert worker.poll() is None
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        output, _ = worker.communicate(timeout=60)
+        stop(server)
+    assert worker.returncode == 0, output
