@@ -238,7 +238,15 @@ async def run_worker(settings: Settings, policy: Policy | None = None, stop: asy
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    policy = policy or load_policy(settings.policy_path)
+    try:
+        await _serve(settings, policy or load_policy(settings.policy_path), stop)
+    finally:
+        # Handed back: a process that goes on after the worker (a test session) stops on SIGINT again.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def _serve(settings: Settings, policy: Policy, stop: asyncio.Event) -> None:
     client = await connect(runtime=metrics_runtime(settings.metrics_port, settings.metrics_host))
     try:
         await ensure_search_attributes(client)
