@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -97,6 +99,14 @@ class Stack:
                     await handle.terminate("test failed")  # never leave a run behind for the next test
                     raise
         return report, handle
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`fleetmedic <args>` as an operator's terminal runs it, against this stack's Temporal,
+        task queue and cluster."""
+        env = {"PATH": "/usr/bin:/bin", "FLEETMEDIC_TASK_QUEUE": self.task_queue, "FLEETMEDIC_CLUSTER": self.cluster}
+        return subprocess.run([sys.executable, "-m", "workers.cli", *args, "--address",
+                               self.client.service_client.config.target_host], env=env,
+                              capture_output=True, text=True, timeout=120)
 
     def slurm_state(self, node: str) -> tuple[str, str]:
         state, reason = self.slurm.node_state(node)

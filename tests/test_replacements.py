@@ -11,8 +11,6 @@ real Slurm (a spare host whose slurmd starts when its machine boots), the Tempor
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -101,20 +99,13 @@ def nothing() -> Iterator[Replacing]:
     yield Replacing()  # the manual provider: a person does it (see person_replaces)
 
 
-def cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    address = stack.client.service_client.config.target_host
-    env = {"PATH": "/usr/bin:/bin", "FLEETMEDIC_TASK_QUEUE": stack.task_queue, "FLEETMEDIC_CLUSTER": stack.cluster}
-    return subprocess.run([sys.executable, "-m", "workers.cli", *args, "--address", address], env=env,
-                          capture_output=True, text=True, timeout=120)
-
-
 def person_replaces(stack: Stack, new: str) -> Callable[[WorkflowHandle[Any, Any]], Any]:
     """The manual provider's person: swaps the machine, then says so with the CLI."""
     async def during(handle: WorkflowHandle[Any, Any]) -> None:
         await status_when(handle, lambda s: "`replaced`" in (s.waiting_for or ""), timeout=90)
         set_ready(stack.kube, OLD, False)
         stack.kube.put(fleet.node(new))
-        done = await asyncio.to_thread(cli, stack, "replaced", handle.id, "--new-node", new, "--by", "alice")
+        done = await asyncio.to_thread(stack.cli, "replaced", handle.id, "--new-node", new, "--by", "alice")
         assert done.returncode == 0, done.stderr
         # The new host's slurmd starts once the run holds the node (docs/providers.md, manual).
         await status_when(handle, lambda s: any(d.step == "take in replacement" and "DRAIN" in d.result

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import quote
 
@@ -33,13 +31,6 @@ async def test_an_escalated_run_shows_its_summary_why_it_waits_and_what_to_do(st
                                                                                tmp_path: Path) -> None:
     browser = chromium()
     stack.provider.fail_next(503, times=100)  # the replacement cannot be asked for: the run escalates
-    address = stack.client.service_client.config.target_host
-    env = {"PATH": "/usr/bin:/bin", "FLEETMEDIC_TASK_QUEUE": stack.task_queue, "FLEETMEDIC_CLUSTER": stack.cluster}
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "workers.cli", *args, "--address", address], env=env,
-                              capture_output=True, text=True, timeout=120)
-
     settings = settings_for(stack.task_queue, stack.kube, slurm=stack.slurm, slack=stack.slack,
                             provider=stack.provider)
     workflow_id = node_workflow_id("xid-recovery", stack.cluster, "gpu-node-0")
@@ -47,7 +38,7 @@ async def test_an_escalated_run_shows_its_summary_why_it_waits_and_what_to_do(st
     shots = Path(os.environ.get("FLEETMEDIC_SCREENSHOTS", tmp_path))
     shots.mkdir(parents=True, exist_ok=True)
     async with worker_for(stack.client, settings, stack.policy()):
-        started = await asyncio.to_thread(cli, "run", "xid-recovery", "--node", "gpu-node-0", "--xid", "79",
+        started = await asyncio.to_thread(stack.cli, "run", "xid-recovery", "--node", "gpu-node-0", "--xid", "79",
                                           "--gpu", "3", "--by", "alice")
         assert started.returncode == 0, started.stderr
         handle: WorkflowHandle[object, RunbookStatus] = stack.client.get_workflow_handle(
@@ -75,7 +66,7 @@ async def test_an_escalated_run_shows_its_summary_why_it_waits_and_what_to_do(st
                 assert await guard.static_summary() == f"fleet-guard {stack.cluster} — disruption leases"
                 assert f"fleetmedic pause --cluster {stack.cluster}" in (await guard.static_details() or "")
 
-                answered = await asyncio.to_thread(cli, "answer", workflow_id, "abort", "--by", "alice",
+                answered = await asyncio.to_thread(stack.cli, "answer", workflow_id, "abort", "--by", "alice",
                                                    "--reason", "hardware team on it")
                 assert answered.returncode == 0, answered.stderr
                 report = await asyncio.wait_for(handle.result(), 60)

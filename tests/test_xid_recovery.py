@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -105,20 +103,11 @@ async def test_provider_failure_escalates_and_an_operator_aborts(stack: Stack) -
 async def test_the_cli_answers_an_escalation_and_run_wait_says_how_it_ended(stack: Stack) -> None:
     """`fleetmedic answer <id> abort`, as an operator on a terminal would; and `run --wait` exits 3
     for a run that did not do what it was started for."""
-    import subprocess
-    import sys
-
     stack.provider.fail_next(503, times=100)
-    address = stack.client.service_client.config.target_host
-    env = {"PATH": "/usr/bin:/bin", "FLEETMEDIC_TASK_QUEUE": stack.task_queue, "FLEETMEDIC_CLUSTER": stack.cluster}
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "workers.cli", *args, "--address", address], env=env,
-                              capture_output=True, text=True, timeout=120)
 
     async def operator_answers(handle: WorkflowHandle[Any, Any]) -> None:
         await status_when(handle, lambda s: s.escalation is not None)
-        done = await asyncio.to_thread(cli, "answer", handle.id, "abort", "--by", "alice", "--reason", "on it")
+        done = await asyncio.to_thread(stack.cli, "answer", handle.id, "abort", "--by", "alice", "--reason", "on it")
         assert done.returncode == 0 and "answer sent by alice" in done.stdout, done.stderr
 
     report, _ = await stack.run("gpu-node-0", during=operator_answers)
@@ -127,7 +116,8 @@ async def test_the_cli_answers_an_escalation_and_run_wait_says_how_it_ended(stac
     settings = settings_for(stack.task_queue, stack.kube, slurm=stack.slurm, slack=stack.slack,
                             provider=stack.provider)
     async with worker_for(stack.client, settings, stack.policy()):
-        done = await asyncio.to_thread(cli, "run", "xid-recovery", "--node", "no-such-node", "--xid", "79", "--wait")
+        done = await asyncio.to_thread(stack.cli, "run", "xid-recovery", "--node", "no-such-node", "--xid", "79",
+                                       "--wait")
     assert done.returncode == 3 and "outcome: unknown-node" in done.stdout, done.stdout + done.stderr
 
 
@@ -236,9 +226,7 @@ async def test_approval_approve_continues_and_a_nameless_approval_is_refused(sta
         answer = await handle.execute_update("approve", Approval(by="erin", reason="spare on site"), result_type=str)
         assert answer == "replace approved by erin"
         # The audit of the open run already has the decisions so far and the approval.
-        done = await asyncio.to_thread(subprocess.run, [
-            sys.executable, "-m", "workers.cli", "audit", handle.id, "--address",
-            stack.client.service_client.config.target_host], capture_output=True, text=True, timeout=60)
+        done = await asyncio.to_thread(stack.cli, "audit", handle.id)
         assert done.returncode == 0, done.stderr
         assert "| update | approve by erin |" in done.stdout and "waiting for approval: policy asks" in done.stdout
 
