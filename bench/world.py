@@ -25,7 +25,7 @@ from kubernetes import watch
 from temporalio.client import Client
 
 from devstack import fleet
-from devstack.dev import DevOptions, _stop_process, start_temporal
+from devstack.dev import DevOptions, start_temporal, stop_temporal
 from devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds, missing_binaries
 from devstack.kube_world import RealKube
 from devstack.processes import FleetMedicProcess
@@ -109,7 +109,7 @@ class BenchWorld:
         try:
             options = DevOptions(state_dir=self.workdir / "temporal", port=free_port(), ui_port=free_port())
             self.temporal = start_temporal(options, persist=False)
-            self.stack.callback(_stop_process, self.temporal)
+            self.stack.callback(stop_temporal, self.temporal)
             self.address = f"127.0.0.1:{options.port}"
             self.client: Client = await connect(target_host=self.address, namespace="default")
             cluster = self.stack.enter_context(LocalKubeCluster(self.workdir / "kube"))

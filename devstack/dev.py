@@ -151,7 +151,7 @@ async def run_dev(options: DevOptions) -> None:
     (state / "checkpoints").mkdir(exist_ok=True)
     with contextlib.ExitStack() as stack:
         temporal = start_temporal(options)
-        stack.callback(_stop_process, temporal)
+        stack.callback(stop_temporal, temporal)
 
         kube, kube_line = start_kubernetes(stack, state)
         seed(kube.emulator, fleet.demo_fleet(options.nodes))
@@ -204,7 +204,8 @@ async def run_dev(options: DevOptions) -> None:
             await serving
 
 
-def _stop_process(proc: subprocess.Popen[bytes]) -> None:
+def stop_temporal(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the dev server `start_temporal` started: its own process group, by its PID."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)

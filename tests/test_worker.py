@@ -87,16 +87,11 @@ async def test_the_worker_rides_out_a_temporal_outage_and_polls_again(tmp_path: 
     traceback loop) and takes the next run once the server is back, without being restarted."""
     from temporalio.client import Client
 
-    from devstack.dev import DevOptions, start_temporal
+    from devstack.dev import DevOptions, start_temporal, stop_temporal
     from fleetmedic.models import RunbookStatus
 
     options = DevOptions(state_dir=tmp_path / "temporal", port=free_port(), ui_port=free_port())
     address = f"127.0.0.1:{options.port}"
-
-    def stop(proc: subprocess.Popen[bytes]) -> None:  # ours: its own session, stopped by its PID
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(20)
 
     async def healthy() -> Client:
         """The dev server listens before its frontend serves: connect once it does."""
@@ -128,7 +123,7 @@ async def test_the_worker_rides_out_a_temporal_outage_and_polls_again(tmp_path: 
                               stderr=subprocess.STDOUT, text=True)
     try:
         assert await asyncio.wait_for(worker_answers("before"), 120)  # a step name: the worker ran it
-        stop(server)
+        stop_temporal(server)
         await asyncio.sleep(10)  # several poll attempts fail meanwhile
         assert worker.poll() is None, "the worker exited when Temporal went away"
         server = start_temporal(options)  # the same port and history file
@@ -137,5 +132,5 @@ async def test_the_worker_rides_out_a_temporal_outage_and_polls_again(tmp_path: 
     finally:
         worker.send_signal(signal.SIGTERM)
         output, _ = worker.communicate(timeout=60)
-        stop(server)
+        stop_temporal(server)
     assert worker.returncode == 0, output
