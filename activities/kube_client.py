@@ -104,8 +104,9 @@ class LimitedApiClient(ApiClient):  # type: ignore[misc]  # the client is untype
         self.rest_client.request = limited
 
     def back_off(self, seconds: float) -> None:
-        for limiter in {id(self.limiter): self.limiter, id(self.protective): self.protective}.values():
-            limiter.back_off(seconds)
+        self.limiter.back_off(seconds)
+        if self.protective is not self.limiter:
+            self.protective.back_off(seconds)
 
 
 def _retry_after(headers: Any) -> float:
