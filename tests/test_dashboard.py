@@ -21,6 +21,7 @@ from devstack.slurm_cluster import free_port
 from devstack.webhook_thread import WebhookThread
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import RunbookStatus
+from tests.alerts import payload, xid_alert
 from tests.harness import settings_for, worker_for
 from tests.prometheus_server import LocalPrometheus
 from tests.runbook_stack import Stack
@@ -47,18 +48,8 @@ def metric_names(text: str) -> set[str]:
     return set(re.findall(r"\bfleetmedic_[a-z_]+", text))
 
 
-def xid_alert(node: str, cluster: str) -> dict[str, Any]:
-    return {"status": "firing", "labels": {"alertname": "FleetMedicGpuXid", "node": node, "xid": "79", "gpu": "3",
-                                           "cluster": cluster},
-            "annotations": {"summary": "XID 79"}, "startsAt": "2026-11-30T10:00:00Z",
-            "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "http://prom", "fingerprint": f"fp-{node}"}
-
-
-def post(webhook: str, token: str, *alerts: dict[str, Any]) -> httpx.Response:
-    body = {"version": "4", "groupKey": "{}", "status": "firing", "receiver": "fleetmedic", "groupLabels": {},
-            "commonLabels": {}, "commonAnnotations": {}, "externalURL": "http://am", "truncatedAlerts": 0,
-            "alerts": list(alerts)}
-    return httpx.post(f"{webhook}/v1/alerts/alertmanager", json=body, timeout=30,
+def post(webhook: str, token: str, alert: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{webhook}/v1/alerts/alertmanager", json=payload(alert), timeout=30,
                       headers={"Authorization": f"Bearer {token}"})
 
 
@@ -81,7 +72,8 @@ async def test_every_panel_and_rule_reads_live_metrics_in_a_real_prometheus(stac
                 # first sample alone is no increase).
                 handles = []
                 for node in nodes:
-                    answer = await asyncio.to_thread(post, webhook.url, TOKEN, xid_alert(node, stack.cluster))
+                    alert = xid_alert(node, stack.cluster, fingerprint=f"fp-{node}")
+                    answer = await asyncio.to_thread(post, webhook.url, TOKEN, alert)
                     assert answer.status_code == 202, answer.text
                     handles.append(stack.client.get_workflow_handle(
                         node_workflow_id("xid-recovery", stack.cluster, node), result_type=RunbookStatus))
