@@ -25,6 +25,7 @@ from temporalio import activity
 
 from activities.errors import fail, from_http_status, reread_on_conflict
 from activities.node_watch import NodeWatch
+from activities.shared_reads import SharedReads
 from activities.waits import BlockingCalls
 from fleetmedic.errors import ErrorKind
 from fleetmedic.lemon import with_remediation
@@ -138,6 +139,8 @@ class KubernetesActivities:
         self.policy = policy
         self.timeout = timeout_s
         self.force_dry_run = force_dry_run
+        self.shared_opt_outs: SharedReads[None, list[client.V1Pod]] = SharedReads(
+            lambda _: {None: self._opted_out_pods()})
         self.node_watch = NodeWatch(lambda: self.core, lambda n: node_info(n, policy.labels.gpu_resource),
                                     lambda n: node_info_from_json(n, policy.labels.gpu_resource), timeout_s)
 
@@ -222,10 +225,18 @@ class KubernetesActivities:
         labels = found.metadata.labels or {}
         if labels.get(key) == value:
             reasons.append(f"node {node} has {key}={value}")
-        for pod in self.pods_on(node):
-            if (pod.metadata.labels or {}).get(key) == value:
+        for pod in self.shared_opt_outs.get(None) or []:
+            if pod.spec and pod.spec.node_name == node:
                 reasons.append(f"pod {pod.metadata.namespace}/{pod.metadata.name} has {key}={value}")
         return found, OptOut(opted_out=bool(reasons), reasons=reasons)
+
+    def _opted_out_pods(self) -> list[client.V1Pod]:
+        """Every pod carrying the opt-out label, in one list: the opted-out pods are few, where a
+        list per node returns every pod on it. Runs asking at once share it (activities/shared_reads.py)."""
+        key, value = self.policy.labels.opt_out_pair
+        with api_errors("list opted-out pods"):
+            return list(self.core.list_pod_for_all_namespaces(
+                label_selector=f"{key}={value}", _request_timeout=self.timeout).items)
 
     @activity.defn(name="k8s.wait_node_ready")
     async def wait_node_ready(self, request: WaitNodeReady) -> NodeInfo | None:

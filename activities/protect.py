@@ -2,9 +2,13 @@
 
 Protective means reversible and killing nothing: the Kubernetes cordon (or the runbook's taint)
 and Slurm DRAIN — no new pod or job lands there, whatever already runs keeps running. So it runs
-before the disruption lease, right after one read of the node: its opt-out (its label, or a
-label of a pod on it) and its Slurm jobs, read at the same time. The steps that kill work
-(Slurm DOWN, requeue, drain, replace, reset) still wait for the lease.
+before the disruption lease, right after one read of the node: the Kubernetes node, its opt-out
+(its label, or a label of a pod on it), the Slurm node and its jobs, read at the same time. The
+steps that kill work (Slurm DOWN, requeue, drain, replace, reset) still wait for the lease.
+
+In a storm the reads that are the same for every node (the opted-out pods, Slurm's job list) and
+the Slurm node reads are shared by the runs asking at once (activities/shared_reads.py): slurmctld
+answers one request at a time, and 50 nodes failing together would otherwise queue 150 of them.
 
 One activity for read and write, on its own task queue (`RunContext.protective_queue`) with
 its own slots: no backlog of drains, evictions or watches on the worker's main queue can hold a
@@ -30,6 +34,7 @@ from fleetmedic.models import (
     ProtectRequest,
     SetSlurmNodeState,
     SlurmJob,
+    SlurmNode,
     SlurmNodeState,
     TaintRequest,
 )
@@ -59,8 +64,11 @@ class ProtectiveActivities:
 
     def _protect(self, request: ProtectRequest) -> Protection:
         looked = self._submit(self.kubernetes.look, request.node)
-        jobs: Future[list[SlurmJob]] | None = (self._submit(self.slurm.jobs_on_node, request.node)
-                                               if request.slurm else None)
+        jobs: Future[list[SlurmJob]] | None = None
+        slurm_node: Future[SlurmNode | None] | None = None
+        if request.slurm:
+            jobs = self._submit(self.slurm.jobs_on_node, request.node)
+            slurm_node = self._submit(self.slurm.node_now, request.node)
         raw, opt_out = looked.result()
         node = node_info(raw, self.kubernetes.policy.labels.gpu_resource) if raw is not None else None
         if raw is None or opt_out.opted_out:
@@ -74,15 +82,20 @@ class ProtectiveActivities:
             writes.append(self._submit(self.kubernetes.taint, TaintRequest(
                 node=request.node, taint=request.taint, dry_run=request.dry_run, workflow_id=request.workflow_id,
                 reason=request.reason), raw))
-        if request.slurm:
-            writes.append(self._submit(self.slurm.set_node_state, SetSlurmNodeState(
-                node=request.node, state=SlurmNodeState.DRAIN, reason=request.reason, dry_run=request.dry_run)))
+        if slurm_node is not None:
+            writes.append(self._submit(self._drain, request, slurm_node))
         # Every write and read is waited for before a failure is raised: a retry redoes only what is missing.
         errors = [w.exception() for w in writes] + ([jobs.exception()] if jobs is not None else [])
         if (error := next((e for e in errors if e is not None), None)) is not None:
             raise error
         return Protection(node=node, opt_out=opt_out, jobs=jobs.result() if jobs is not None else None,
                           actions=[w.result() for w in writes])
+
+    def _drain(self, request: ProtectRequest, read: Future[SlurmNode | None]) -> ActionResult:
+        # `read` was submitted first, so it runs before this waits on it (the pool is first in, first out).
+        drain = SetSlurmNodeState(node=request.node, state=SlurmNodeState.DRAIN, reason=request.reason,
+                                  dry_run=request.dry_run)
+        return self.slurm.set_state(drain, read.result())
 
     def activities(self) -> list[Callable[..., Any]]:
         return [self.protect_node]

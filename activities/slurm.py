@@ -16,14 +16,15 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, NoReturn, Protocol
 
 import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.errors import fail, http_errors, raise_for_status
+from activities.shared_reads import SharedReads
 from fleetmedic.errors import ErrorKind
 from fleetmedic.models import (
     ActionResult,
@@ -39,6 +40,7 @@ REASON_PREFIX = "fleetmedic:"
 ACTIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
 # How a job ends after the checkpoint signal: most exit 0 once their checkpoint is written.
 ENDED_AFTER_SIGNAL = ("COMPLETED", "FAILED", "CANCELLED")
+NOT_FOUND_NODE = re.compile(r"Node \S+ not found")
 
 
 def _classify_cli_error(text: str) -> ErrorKind:
@@ -92,7 +94,7 @@ def job_from_json(raw: dict[str, Any]) -> SlurmJob:
 
 
 class SlurmReader(Protocol):
-    def node(self, name: str) -> SlurmNode | None: ...
+    def nodes(self, names: Collection[str]) -> dict[str, SlurmNode]: ...  # those that exist
     def jobs(self) -> list[dict[str, Any]]: ...
 
 
@@ -121,16 +123,23 @@ class SlurmCli:
         self.timeout = timeout_s
 
     def run(self, *argv: str) -> str:
+        done = self._run(argv)
+        if done.returncode != 0:
+            self._raise(argv, done, (done.stderr or done.stdout).strip())
+        return done.stdout
+
+    def _run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         if shutil.which(argv[0]) is None:
             raise fail(ErrorKind.UNAVAILABLE, f"{argv[0]} is not installed on this worker")
         try:
-            done = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=self.timeout)
+            return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=self.timeout)
         except subprocess.TimeoutExpired:
             raise fail(ErrorKind.TIMEOUT, f"{' '.join(argv[:2])} timed out after {self.timeout}s") from None
-        if done.returncode != 0:
-            message = (done.stderr or done.stdout).strip() or f"exit {done.returncode}"
-            raise fail(_classify_cli_error(message), f"{' '.join(argv[:3])}: {message}")
-        return done.stdout
+
+    @staticmethod
+    def _raise(argv: Sequence[str], done: subprocess.CompletedProcess[str], message: str) -> NoReturn:
+        message = message or f"exit {done.returncode}"
+        raise fail(_classify_cli_error(message), f"{' '.join(argv[:3])}: {message}")
 
     def _json(self, *argv: str) -> dict[str, Any]:
         out = self.run(*argv)
@@ -143,17 +152,20 @@ class SlurmCli:
         raise_slurm_errors(data, f"{argv[0]} --json")
         return data
 
-    def node(self, name: str) -> SlurmNode | None:
-        """The one node: `scontrol show node -o NAME`, not `sinfo --json`, which dumps every node of
-        the cluster (thousands) for each write and ignores its filters in 22.05."""
-        try:
-            out = self.run("scontrol", "show", "node", "-o", name)
-        except ApplicationError as exc:
-            if exc.type == ErrorKind.NOT_FOUND:
-                return None
-            raise
-        line = next((ln for ln in out.splitlines() if ln.startswith(f"NodeName={name} ")), None)
-        return node_from_scontrol(line) if line is not None else None
+    def nodes(self, names: Collection[str]) -> dict[str, SlurmNode]:
+        """These nodes: `scontrol show node -o A,B,…`, not `sinfo --json`, which dumps every node
+        of the cluster (thousands) and ignores its filters in 22.05. A name Slurm does not know is
+        left out (scontrol prints `Node X not found` and exits 1, still printing the others); any
+        other failure, such as an unreachable slurmctld, is raised."""
+        argv = ("scontrol", "show", "node", "-o", ",".join(sorted(names)))
+        done = self._run(argv)
+        # `Node X not found` comes on stdout or stderr, depending on where the name is in the list.
+        lines = [ln.strip() for ln in (done.stdout + "\n" + done.stderr).splitlines() if ln.strip()]
+        errors = [ln for ln in lines if not ln.startswith("NodeName=") and not NOT_FOUND_NODE.fullmatch(ln)]
+        if done.returncode != 0 and (errors or not lines):
+            self._raise(argv, done, "\n".join(errors))
+        found = (node_from_scontrol(ln) for ln in done.stdout.splitlines() if ln.startswith("NodeName="))
+        return {node.name: node for node in found if node.name in names}
 
     def jobs(self) -> list[dict[str, Any]]:
         return list(self._json("squeue", "--json").get("jobs", []))
@@ -174,14 +186,17 @@ class SlurmRest:
         raise_slurm_errors(data, f"slurmrestd {path}")
         return data
 
-    def node(self, name: str) -> SlurmNode | None:
-        try:
-            nodes = self._get(f"/slurm/v0.0.38/node/{name}").get("nodes", [])
-        except ApplicationError as exc:
-            if exc.type == ErrorKind.NOT_FOUND:
-                return None
-            raise
-        return next((node_from_json(raw) for raw in nodes if raw.get("name") == name), None)
+    def nodes(self, names: Collection[str]) -> dict[str, SlurmNode]:
+        found: dict[str, SlurmNode] = {}
+        for name in names:  # v0.0.38 reads one node, or all of them (thousands)
+            try:
+                nodes = self._get(f"/slurm/v0.0.38/node/{name}").get("nodes", [])
+            except ApplicationError as exc:
+                if exc.type == ErrorKind.NOT_FOUND:
+                    continue
+                raise
+            found.update((node.name, node) for node in map(node_from_json, nodes) if node.name == name)
+        return found
 
     def jobs(self) -> list[dict[str, Any]]:
         return list(self._get("/slurm/v0.0.38/jobs").get("jobs", []))
@@ -192,9 +207,20 @@ class SlurmActivities:
         self.cli = cli
         self.reader: SlurmReader = reader or cli
         self.force_dry_run = force_dry_run
+        # Runs asking at once share one read (activities/shared_reads.py): 50 nodes failing
+        # together ask slurmctld twice, not 100 times, each answer still read after its question.
+        self.shared_nodes: SharedReads[str, SlurmNode] = SharedReads(self.reader.nodes)
+        self.shared_jobs: SharedReads[None, list[dict[str, Any]]] = SharedReads(lambda _: {None: self.reader.jobs()})
+
+    def node_now(self, name: str) -> SlurmNode | None:
+        """The node as slurmctld has it now (None: Slurm has no such node)."""
+        return self.shared_nodes.get(name)
+
+    def _jobs(self) -> list[dict[str, Any]]:
+        return self.shared_jobs.get(None) or []
 
     def _node(self, name: str) -> SlurmNode:
-        node = self.reader.node(name)
+        node = self.node_now(name)
         if node is None:
             raise fail(ErrorKind.NOT_FOUND, f"Slurm has no node {name}")
         return node
@@ -205,7 +231,7 @@ class SlurmActivities:
 
     @activity.defn(name="slurm.jobs_on_node")
     def jobs_on_node(self, node: str) -> list[SlurmJob]:
-        jobs = [job_from_json(raw) for raw in self.reader.jobs()]
+        jobs = [job_from_json(raw) for raw in self._jobs()]
         return [j for j in jobs if node in self._expand(j.nodes) and j.state in ACTIVE_JOB_STATES]
 
     def _expand(self, nodes: list[str]) -> list[str]:
@@ -215,7 +241,7 @@ class SlurmActivities:
 
     @activity.defn(name="slurm.get_job")
     def get_job(self, job_id: int) -> SlurmJob:
-        for raw in self.reader.jobs():
+        for raw in self._jobs():
             if int(raw.get("job_id", -1)) == job_id:
                 return job_from_json(raw)
         raise fail(ErrorKind.NOT_FOUND, f"Slurm has no job {job_id} (finished longer than MinJobAge ago?)")
@@ -223,7 +249,12 @@ class SlurmActivities:
     @activity.defn(name="slurm.set_node_state")
     def set_node_state(self, request: SetSlurmNodeState) -> ActionResult:
         """DOWN/DRAIN with a `fleetmedic:` reason, or RESUME a node whose reason we own."""
-        node = self._node(request.node)
+        return self.set_state(request)
+
+    def set_state(self, request: SetSlurmNodeState, current: SlurmNode | None = None) -> ActionResult:
+        """`set_node_state`; `current`: the node as just read, if it was (the protective step reads
+        it beside the Kubernetes node)."""
+        node = current or self._node(request.node)
         target = f"Slurm node {request.node}"
         owned = node.reason.startswith(REASON_PREFIX)
         if request.state is SlurmNodeState.RESUME:

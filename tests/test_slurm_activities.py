@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from temporalio.exceptions import ApplicationError
 
+from activities.shared_reads import SharedReads
 from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
 from devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
 from fleetmedic.models import RequeueJob, SetSlurmNodeState, SlurmNode, SlurmNodeState
@@ -103,6 +108,89 @@ def test_dry_run_changes_nothing(slurm: LocalSlurmCluster, slurm_acts: SlurmActi
     assert run(slurm_acts.requeue_job, RequeueJob(job_id=job, dry_run=True)).dry_run
     assert slurm.node_state("gpu-node-0")[0] != "down"
     assert run(slurm_acts.get_job, job).restart_count == 0
+
+
+class HeldReads:
+    """Spies on the commands the activities run (the real slurmctld answers them) and holds the first
+    `held` command, after it has run, until `release`: the reads asked meanwhile queue behind it."""
+
+    def __init__(self, cli: SlurmCli, held: tuple[str, ...]) -> None:
+        self.commands: list[tuple[str, ...]] = []
+        self.read_done = threading.Event()
+        self.release = threading.Event()
+        real = cli._run
+
+        def spy(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+            self.commands.append(tuple(argv))
+            done = real(argv)
+            if tuple(argv[:len(held)]) == held and not self.read_done.is_set():
+                self.read_done.set()
+                self.release.wait(30)
+            return done
+
+        cli._run = spy  # type: ignore[method-assign]
+
+    def runs_of(self, *command: str) -> list[tuple[str, ...]]:
+        return [argv for argv in self.commands if argv[:len(command)] == command]
+
+
+def behind_held_read(spy: HeldReads, shared: SharedReads[Any, Any], calls: list[Callable[[], Any]],
+                     first: Callable[[], Any], between: Callable[[], None] = lambda: None) -> tuple[Any, list[Any]]:
+    """`first` runs and its read is held; `between` runs; then `calls`, each on its own thread, queue
+    behind it; once they all do, the read is released. Each call's answer, or the error it raised."""
+    def outcome(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except ApplicationError as exc:
+            return exc
+    with ThreadPoolExecutor(len(calls) + 1) as pool:
+        held = pool.submit(first)
+        assert spy.read_done.wait(20)
+        between()
+        futures = [pool.submit(outcome, call) for call in calls]
+        deadline = time.monotonic() + 20
+        while shared.queued() < len(calls) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert shared.queued() == len(calls), "the calls never queued behind the held read"
+        spy.release.set()
+        return held.result(), [f.result() for f in futures]
+
+
+def test_runs_asking_at_once_share_one_read_each_read_after_they_asked(slurm: LocalSlurmCluster) -> None:
+    """50 nodes failing together must not queue 100 reads on slurmctld (one request at a time), and
+    no run may act on a read taken before it asked: a DRAIN written while a read was in flight is
+    seen by every caller who asked after it."""
+    cli = SlurmCli(str(slurm.conf), timeout_s=10)
+    acts = SlurmActivities(cli)
+    spy = HeldReads(cli, ("scontrol", "show", "node"))
+    asked = ["gpu-node-0", "gpu-node-1", "gpu-node-2", "no-such-node"] * 5
+    first, answers = behind_held_read(
+        spy, acts.shared_nodes, [lambda n=n: acts.get_node(n) for n in asked], lambda: acts.get_node("gpu-node-1"),
+        lambda: slurm.run("scontrol", "update", "nodename=gpu-node-1", "state=DRAIN", f"reason={REASON}"))
+    assert first.state == "idle" and not first.reason  # read before the DRAIN, as it asked before it
+    assert [argv[4] for argv in spy.runs_of("scontrol", "show", "node")] == [
+        "gpu-node-1", "gpu-node-0,gpu-node-1,gpu-node-2,no-such-node"]  # two reads for 21 callers
+    for name, answer in zip(asked, answers, strict=True):
+        if name == "no-such-node":  # unknown to Slurm: that caller's NotFound, the others' nodes
+            assert isinstance(answer, ApplicationError) and answer.type == "NotFound"
+        else:
+            assert isinstance(answer, SlurmNode) and answer.name == name
+            assert (answer.reason == REASON) is (name == "gpu-node-1")  # the DRAIN, read after they asked
+
+
+def test_jobs_are_read_once_for_the_runs_asking_together(slurm: LocalSlurmCluster) -> None:
+    cli = SlurmCli(str(slurm.conf), timeout_s=10)
+    acts = SlurmActivities(cli)
+    job = slurm.submit(SLEEPER, "-w", "gpu-node-2")
+    assert job_on(slurm, job) == "gpu-node-2"
+    spy = HeldReads(cli, ("squeue",))
+    asked = ["gpu-node-0", "gpu-node-1", "gpu-node-2"] * 4
+    first, answers = behind_held_read(spy, acts.shared_jobs, [lambda n=n: acts.jobs_on_node(n) for n in asked],
+                                      lambda: acts.jobs_on_node("gpu-node-2"))
+    assert [j.job_id for j in first] == [job]
+    assert len(spy.runs_of("squeue")) == 2  # the held read, and one for the 12 that asked meanwhile
+    for name, jobs in zip(asked, answers, strict=True):
+        assert [j.job_id for j in jobs] == ([job] if name == "gpu-node-2" else [])
 
 
 def test_controller_down_is_retryable_and_back_works(slurm: LocalSlurmCluster, slurm_acts: SlurmActivities) -> None:
