@@ -97,11 +97,12 @@ class BenchWorld:
     API and in Slurm; on exit every process this started is stopped by its PID."""
 
     def __init__(self, nodes: list[str], workdir: Path, policy: dict[str, Any], *, webhook: bool = True,
-                 worker_env: dict[str, str] | None = None) -> None:
+                 worker_env: dict[str, str] | None = None, node_lease_s: int = 40) -> None:
         if missing_binaries():
             raise SystemExit(json.dumps({"error": "the real control plane is not built: run scripts/install-kube"}))
         self.nodes, self.workdir, self.policy = nodes, workdir, policy
         self.with_webhook, self.worker_env = webhook, worker_env or {}
+        self.node_lease_s = node_lease_s  # kwok's (devstack/kube_cluster.py): thousands of nodes lengthen it
         self.stack = contextlib.ExitStack()
         self.processes: list[FleetMedicProcess] = []
 
@@ -112,7 +113,7 @@ class BenchWorld:
             self.stack.callback(stop_temporal, self.temporal)
             self.address = f"127.0.0.1:{options.port}"
             self.client: Client = await connect(target_host=self.address, namespace="default")
-            cluster = self.stack.enter_context(LocalKubeCluster(self.workdir / "kube"))
+            cluster = self.stack.enter_context(LocalKubeCluster(self.workdir / "kube", node_lease_s=self.node_lease_s))
             install_rbac_and_crds(cluster)
             self.kube = RealKube(cluster, None, self.workdir)
             for name in self.nodes:

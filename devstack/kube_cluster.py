@@ -68,8 +68,12 @@ class Process:
 class LocalKubeCluster:
     """The control plane and kwok, once per test session (or per `fleetmedic dev`)."""
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, *, node_lease_s: int = 40) -> None:
+        """`node_lease_s`: kwok's node lease, renewed every quarter of it. A benchmark of thousands
+        of nodes on two cores lengthens it: 5,000 leases renewed every 10 s are 500 writes a second,
+        which kept the API server busier than everything FleetMedic did."""
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fleetmedic-kube-"))
+        self.node_lease_s = node_lease_s
         self.bin = cache_dir()
         self.processes: list[Process] = []
         self.tokens = {name: secrets.token_hex(16) for name in ("admin", *IDENTITIES)}
@@ -222,8 +226,9 @@ class LocalKubeCluster:
             str(self.bin / "kube-controller-manager"), "--kubeconfig", admin, "--leader-elect=false",
             "--secure-port", "0", "--use-service-account-credentials=false",
             "--service-account-private-key-file", str(self.workdir / "certs" / "sa.key"),
-            # Nodes whose kwok heartbeat stops are noticed in seconds, not the default 40 s.
-            "--node-monitor-period", "1s", "--node-monitor-grace-period", "20s",
+            # Nodes whose kwok heartbeat stops are noticed in seconds, not the default 40 s (a longer
+            # lease is renewed less often: its grace grows with it).
+            "--node-monitor-period", "1s", "--node-monitor-grace-period", f"{max(20, self.node_lease_s // 2)}s",
             # No owner-reference garbage collector: test pods name owners (a DaemonSet, a Job) that are
             # not simulated, and it would delete them as orphans. PodGC (pods of deleted nodes),
             # disruption, deployment/replicaset, node lifecycle and taint eviction all run.
@@ -236,7 +241,7 @@ class LocalKubeCluster:
             "--v", "1"])
         self._spawn("kwok", [
             str(self.bin / "kwok"), "--kubeconfig", admin, "--manage-all-nodes=true", "--config", str(STAGES),
-            "--node-lease-duration-seconds", "40", "--cidr", "10.0.0.0/16", "--node-ip", "10.1.0.1"])
+            "--node-lease-duration-seconds", str(self.node_lease_s), "--cidr", "10.0.0.0/16", "--node-ip", "10.1.0.1"])
 
     # --- what tests read ---------------------------------------------------------------------------
 
