@@ -62,6 +62,8 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("FLEETMEDIC_ACTIVITY_THREADS", "64", "threads for blocking activity calls"),
     EnvVar("FLEETMEDIC_PROTECTIVE_SLOTS", "64",
            "protective steps (cordon + Slurm DRAIN) a worker runs at once, on their own task queue"),
+    EnvVar("FLEETMEDIC_WORKFLOW_CACHE", "10000",
+           "runs a worker keeps in memory between their steps (more in flight are replayed from history at each step)"),
     EnvVar("FLEETMEDIC_WAIT_SLOTS", "10000",
            "runs a worker lets wait for a node to come back at once (no thread each), on their own task queue"),
     EnvVar("FLEETMEDIC_DRY_RUN", "false", "force shadow mode for every runbook of this process"),
@@ -106,6 +108,11 @@ class Settings(BaseModel):
     # reads, so more slots do not mean more load on either.
     protective_slots: int = Field(64, ge=1, le=1024)
     wait_slots: int = Field(10000, ge=1, le=100000)
+    # Runs kept in memory between their steps. A run not kept is replayed from its whole history at
+    # its next step, on the worker's event loop (~70 ms a run here): with the SDK's default of 1,000
+    # and 5,000 runs in flight, nearly every step was such a replay, steps took over 5 s and timed
+    # out, and after 10 minutes no run had got past its lease. Sized like the waits it serves.
+    workflow_cache: int = Field(10000, ge=0, le=1000000)
     dry_run: bool = False
 
     @classmethod
@@ -140,6 +147,7 @@ class Settings(BaseModel):
             "activity_threads": "FLEETMEDIC_ACTIVITY_THREADS",
             "protective_slots": "FLEETMEDIC_PROTECTIVE_SLOTS",
             "wait_slots": "FLEETMEDIC_WAIT_SLOTS",
+            "workflow_cache": "FLEETMEDIC_WORKFLOW_CACHE",
             "dry_run": "FLEETMEDIC_DRY_RUN",
         }
         values = {field: env[var] for field, var in mapping.items() if env.get(var, "") != ""}

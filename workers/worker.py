@@ -189,6 +189,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         activity_executor=executor,
         max_concurrent_activities=settings.activity_threads,
         workflow_runner=sandbox_runner(),
+        max_cached_workflows=settings.workflow_cache,
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
         # A storm's new runs arrive on the non-sticky queue, which the SDK's default polls with one
         # poller of five: 50 new alerts then waited ~2.5 s, one poll round trip each, for their
