@@ -1,8 +1,8 @@
 """Reads that callers asking at the same time share, without any of them reading stale data.
 
 When 50 nodes fail together, 50 protective steps each ask slurmctld for their node and for the
-job list, and the Kubernetes API for the opted-out pods: 150 reads that slurmctld serves one at a
-time (~10 ms each on a quiet controller, seconds on a busy one). Here each caller's key joins the
+job list (100 requests that slurmctld serves one at a time, ~10 ms each on a quiet controller and
+seconds on a busy one), and the Kubernetes API for the opted-out pods. Here each caller's key joins the
 next read; one read runs at a time and answers every caller that joined it. A caller's answer
 always comes from a read that *started after it asked*, so it is as fresh as the caller's own
 read would have been (a write it saw finish is in it); a quiet caller waits for nobody (its read
@@ -56,7 +56,7 @@ class SharedReads(Generic[K, V]):
                 return self._answer(batch, key)
         try:
             batch.answers = self.read(frozenset(batch.keys))
-        except BaseException as exc:  # every caller of the batch gets the read's own error
+        except BaseException as exc:  # every caller of the batch gets the read's own error (and retries it)
             batch.error = exc
         finally:
             with self.cond:
