@@ -62,6 +62,12 @@ def protective_queue(task_queue: str) -> str:
     return f"{task_queue}-protective"
 
 
+def guard_queue(task_queue: str) -> str:
+    """The fleet guards' queue beside a worker's task queue: every run's lease goes through its
+    cluster's guard, so the guard's steps never wait behind the runs' own."""
+    return f"{task_queue}-guard"
+
+
 def waits_queue(task_queue: str) -> str:
     """The queue of the activities that wait (activities/waits.py) beside a worker's task queue."""
     return f"{task_queue}-waits"

@@ -49,6 +49,7 @@ from fleetmedic.policy import Policy, load_policy
 from fleetmedic.settings import Settings
 from workers.schedules import ensure_quota_schedule
 from workers.temporal_client import connect, ensure_search_attributes
+from workflows.fleet_guard import FleetGuard
 from workflows.registry import WORKFLOWS
 
 # What running activities get to finish after SIGTERM; the pod's terminationGracePeriodSeconds
@@ -122,7 +123,7 @@ class Activities:
             SlackActivities(settings.slack_bot_token, settings.slack_channel or policy.notify.slack_channel,
                             settings.slack_api_url, shadow_channel=policy.notify.shadow_channel),
             AgentActivities(settings.agent_url, settings.agent_token, force_dry_run=dry),
-            GuardActivities(client, settings.task_queue),
+            GuardActivities(client, ids.guard_queue(settings.task_queue)),
             KueueTrigger(client, settings.task_queue),
             TrafficHandoff(client),
             TemporalActivities(client, settings.task_queue),
@@ -173,6 +174,11 @@ class FleetWorker:
 
 # Workflow-task polls a worker may keep open at once (the autoscaler stays between 2 and this).
 WORKFLOW_POLLERS_MAX = 20
+# Workflow tasks a worker takes at once. They are processed one at a time on its event loop (a new
+# run's first one, which builds its sandbox, ~25 ms here): at the SDK's 100, 5,000 runs started
+# together kept 100 in the worker, each waited its turn past the 5 s warning and many past their
+# 10 s timeout, to be redone. Fewer at once wait in the server instead, where nothing times out.
+WORKFLOW_TASK_SLOTS = 32
 
 
 def build_worker(client: Client, settings: Settings, policy: Policy, *,
@@ -190,6 +196,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         max_concurrent_activities=settings.activity_threads,
         workflow_runner=sandbox_runner(),
         max_cached_workflows=settings.workflow_cache,
+        max_concurrent_workflow_tasks=WORKFLOW_TASK_SLOTS,
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
         # A storm's new runs arrive on the non-sticky queue, which the SDK's default polls with one
         # poller of five: 50 new alerts then waited ~2.5 s, one poll round trip each, for their
@@ -211,7 +218,17 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
     )
     waits = Worker(client, task_queue=wait_queue(settings), activities=activities.waits,
                    max_concurrent_activities=settings.wait_slots, graceful_shutdown_timeout=SHUTDOWN_GRACE)
-    return FleetWorker(main, protective, waits)
+    others = [protective, waits]
+    if FleetGuard in (workflows or WORKFLOWS):
+        # The fleet guards on their own queue (and sticky queue): every lease goes through one, and
+        # 5,000 runs started together kept a guard's task 10 s behind theirs until it timed out, so
+        # none got a lease. Guards started before this keep the main queue, which serves them too.
+        # Its own few calls (the policy, the fleet's capacity, which holders still run) are served
+        # there as well, from the main pool of threads.
+        others.append(Worker(client, task_queue=ids.guard_queue(settings.task_queue), workflows=[FleetGuard],
+                             activities=activities.all, activity_executor=executor, max_concurrent_activities=4,
+                             workflow_runner=sandbox_runner(), graceful_shutdown_timeout=SHUTDOWN_GRACE))
+    return FleetWorker(main, *others)
 
 
 # Buckets for what a person waits for: a repair takes minutes to hours, not the SDK's default
