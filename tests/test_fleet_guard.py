@@ -121,6 +121,8 @@ async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue:
     assert first_grant == list(dict.fromkeys(requested))
     # The guard continued-as-new on the way (small history budget), keeping every lease.
     assert len(runs) > 1, "the guard should have continued-as-new during the storm"
+    # ... on a task queue of its own, so its steps never wait behind those of the 40 runs it serves.
+    assert {run.task_queue for run in runs} == {f"{task_queue}-guard"}
 
 
 async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Client, task_queue: str,
