@@ -109,9 +109,9 @@ class Settings(BaseModel):
     protective_slots: int = Field(64, ge=1, le=1024)
     wait_slots: int = Field(10000, ge=1, le=100000)
     # Runs kept in memory between their steps. A run not kept is replayed from its whole history at
-    # its next step, on the worker's event loop (~70 ms a run here): with the SDK's default of 1,000
-    # and 5,000 runs in flight, nearly every step was such a replay, steps took over 5 s and timed
-    # out, and after 10 minutes no run had got past its lease. Sized like the waits it serves.
+    # its next step (~70 ms for a saved xid-recovery history here, against a few ms for a kept run's
+    # step): with the SDK's default of 1,000 and 5,000 runs in flight, most steps would be such a
+    # replay. Sized like the waits it serves; each kept run costs memory (see bench/worker_scale.py).
     workflow_cache: int = Field(10000, ge=0, le=1000000)
     dry_run: bool = False
 

@@ -174,10 +174,10 @@ class FleetWorker:
 
 # Workflow-task polls a worker may keep open at once (the autoscaler stays between 2 and this).
 WORKFLOW_POLLERS_MAX = 20
-# Workflow tasks a worker takes at once. They are processed one at a time on its event loop (a new
-# run's first one, which builds its sandbox, ~25 ms here): at the SDK's 100, 5,000 runs started
-# together kept 100 in the worker, each waited its turn past the 5 s warning and many past their
-# 10 s timeout, to be redone. Fewer at once wait in the server instead, where nothing times out.
+# Workflow tasks a worker takes at once. They share its one interpreter (a new run's first task
+# builds its sandbox on the event loop): at the SDK's 100, 5,000 runs started together kept 100 in
+# the worker, where each waited its turn, 2,759 of them past the SDK's 5 s warning and some past
+# their 10 s timeout, to be redone. Fewer at once wait in the server instead, where none times out.
 WORKFLOW_TASK_SLOTS = 32
 
 
