@@ -166,3 +166,7 @@ class BenchWorld:
     def worker_pid(self) -> int:
         assert self.worker.proc is not None
         return self.worker.proc.pid
+
+    def webhook_pid(self) -> int:
+        assert self.with_webhook and self.processes[-1].proc is not None
+        return self.processes[-1].proc.pid

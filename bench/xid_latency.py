@@ -42,12 +42,12 @@ import httpx
 from temporalio import activity, workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.stats import percentile
-from bench.world import CLUSTER, QUEUE, BenchWorld
+from bench.world import CLUSTER, QUEUE, BenchWorld, cpu_seconds
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import NodeRunbookInput
 
@@ -68,19 +68,27 @@ class Floor:
         await workflow.execute_activity("bench.touch", key, start_to_close_timeout=timedelta(seconds=10))
 
 
-async def floor(client: Client, runs: int) -> list[float]:
-    latencies = []
-    with ThreadPoolExecutor(4) as pool:
+async def floor(client: Client, runs: int, at_once: bool = False) -> list[float]:
+    """Latencies of `runs` trivial workflows, one after another or all started together (the floor
+    of a storm: what this server and one worker do with that many new runs at once)."""
+    async def one(i: int) -> float:
+        key = f"floor-{i}-{time.time_ns()}"
+        began = time.time()
+        await client.start_workflow("bench-floor", key, id=key, task_queue="bench-floor")
+        while key not in FLOOR_DONE:
+            await asyncio.sleep(0.002)
+        return FLOOR_DONE[key] - began
+
+    with ThreadPoolExecutor(8) as pool:
+        # Pollers that scale with the backlog, as the FleetMedic worker's (workers/worker.py).
         async with Worker(client, task_queue="bench-floor", workflows=[Floor], activities=[touch],
-                          activity_executor=pool):
-            for i in range(runs):
-                key = f"floor-{i}-{time.time_ns()}"
-                began = time.time()
-                await client.start_workflow("bench-floor", key, id=key, task_queue="bench-floor")
-                while key not in FLOOR_DONE:
-                    await asyncio.sleep(0.002)
-                latencies.append(FLOOR_DONE[key] - began)
-    return latencies
+                          activity_executor=pool, max_concurrent_activities=8,
+                          workflow_task_poller_behavior=PollerBehaviorAutoscaling(minimum=2, maximum=20, initial=8),
+                          nonsticky_to_sticky_poll_ratio=1.0,
+                          activity_task_poller_behavior=PollerBehaviorAutoscaling(initial=5)):
+            if at_once:
+                return list(await asyncio.gather(*(one(i) for i in range(runs))))
+            return [await one(i) for i in range(runs)]
 
 
 # --- what an operator sees ----------------------------------------------------------------------------
@@ -118,13 +126,23 @@ async def trace(client: Client, node: str, sent: float) -> dict[str, float]:
     return marks
 
 
-async def round_of(world: BenchWorld, nodes: list[str], traced: list[dict[str, float]] | None = None) -> list[float]:
+def cpu_of(world: BenchWorld) -> dict[str, float]:
+    """CPU seconds so far of the processes a storm keeps busy (the Temporal server, the worker, the
+    webhook), to tell a round that waits on one of them from one that waits on nothing."""
+    pids = {"temporal": world.temporal.pid, "worker": world.worker_pid(), "webhook": world.webhook_pid()}
+    return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+
+async def round_of(world: BenchWorld, nodes: list[str], traced: list[dict[str, Any]] | None = None) -> list[float]:
+    cpu, began = cpu_of(world), time.monotonic()
     sent = dict(zip(nodes, await asyncio.gather(*(alert(world.http, n) for n in nodes)), strict=True))
     seen = await world.observed.wait(nodes)
     if traced is not None:  # the slowest of the round, step by step
         slowest = max(nodes, key=lambda n: seen[n] - sent[n])
+        wall, spent = time.monotonic() - began, cpu_of(world)
         traced.append({**await trace(world.client, slowest, sent[slowest]), "observed": round(
-            seen[slowest] - sent[slowest], 4)})
+            seen[slowest] - sent[slowest], 4), "round_s": round(wall, 3),
+            "cpu_s": {name: round(spent[name] - cpu[name], 2) for name in cpu}})
     return [seen[n] - sent[n] for n in nodes]
 
 
@@ -166,8 +184,9 @@ async def main(sequential: int, concurrent: int, flying: int) -> dict[str, Any]:
     async with BenchWorld([n for group in names.values() for n in group], workdir, policy) as world:
         await round_of(world, ["gpu-f-0"])  # warm-up: worker, webhook, guard (not counted)
         floor_s = await floor(world.client, sequential)
+        floor_together = await floor(world.client, concurrent, at_once=True)
         one_at_a_time = [(await round_of(world, [n]))[0] for n in names["s"]]
-        traces: list[dict[str, float]] = []
+        traces: list[dict[str, Any]] = []
         together = await round_of(world, names["c"], traces)
         ramp_s = await in_flight(world.client, flying - 1, names["f"][1:])
         late = await round_of(world, names["l"], traces)
@@ -178,7 +197,11 @@ async def main(sequential: int, concurrent: int, flying: int) -> dict[str, Any]:
         "floor": {**summary(floor_s), "what": "one-activity workflow: start request -> the activity ran"},
         "sequential": {**summary(one_at_a_time, 2 * floor_p99),
                        "p99_over_floor_p99": round(percentile(one_at_a_time, 99) / floor_p99, 2)},
-        f"concurrent_{concurrent}": {**summary(together, 1.0), "slowest": traces[0]},
+        f"floor_concurrent_{concurrent}": {**summary(floor_together),
+                                            "what": f"{concurrent} one-activity workflows started together"},
+        f"concurrent_{concurrent}": {**summary(together, 1.0), "slowest": traces[0],
+                                     "p99_over_floor_p99": round(percentile(together, 99) / percentile(
+                                         floor_together, 99), 2)},
         f"in_flight_{flying}": {**summary(late, 2.0), "runs_in_flight": flying, "ramp_s": round(ramp_s, 1),
                                 "slowest": traces[1]},
     }

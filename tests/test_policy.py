@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetmedic.policy import Policy, PolicyError, default_policy_text, load_policy, parse_policy
+from fleetmedic import policy as policy_module
+from fleetmedic.policy import Policy, PolicyError, default_policy_text, load_policy, parse_policy, shared
 from fleetmedic.xid import XidAction
 
 
@@ -109,3 +110,19 @@ def test_policy_check_command(tmp_path: Path) -> None:
     ok = subprocess.run([sys.executable, "-m", "workers.cli", "policy", "check", str(good)],
                         capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and "valid" in ok.stdout
+
+
+def test_runs_share_one_object_per_policy() -> None:
+    # Each run loads the policy through its own activity result: equal ones become one object, so
+    # 5,000 runs in flight hold one policy, not 5,000 copies; a changed file is a policy of its own.
+    first, again = load_policy(None), load_policy(None)
+    assert first is not again
+    assert shared(first) is shared(again) is shared(first)
+    changed = parse_policy("lemon:\n  count: 9\n")
+    assert shared(changed) is not shared(first)
+    assert shared(changed).lemon.count == 9
+    # Policy files come and go: the ones kept stay few.
+    for n in range(2, 12):
+        shared(parse_policy(f"lemon:\n  count: {n}\n"))
+    assert len(policy_module._SHARED) <= 4
+    assert shared(load_policy(None)) == first

@@ -8,6 +8,7 @@ A change to a runbook that would break a run in flight fails here; such a change
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +17,19 @@ from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 from temporalio.workflow import NondeterminismError
 
 from fleetmedic.models import RunbookStatus
-from workers.worker import sandbox_runner
 from workflows.registry import WORKFLOWS
 from workflows.xid_recovery import XidRecovery
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+# The worker runs workflows without the sandbox (workers/worker.py says why), so the replays here
+# use the strict one: it imports the workflow modules afresh, and a clock, randomness or I/O in
+# them fails the replay. Only libraries known to be deterministic pass through.
+STRICT = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(
+    "pydantic", "pydantic_core", "annotated_types", "yaml"))
 
 
 def load(path: Path) -> WorkflowHistory:
@@ -33,7 +39,7 @@ def load(path: Path) -> WorkflowHistory:
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_saved_history_replays(path: Path) -> None:
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter, workflow_runner=sandbox_runner())
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter, workflow_runner=STRICT)
     await replayer.replay_workflow(load(path))
 
 
@@ -72,4 +78,24 @@ class ReorderedXidRecovery(XidRecovery):
 async def test_an_unguarded_change_is_caught() -> None:
     replayer = Replayer(workflows=[ReorderedXidRecovery], data_converter=pydantic_data_converter)
     with pytest.raises(NondeterminismError):
+        await replayer.replay_workflow(load(HISTORIES[[p.stem for p in HISTORIES].index("xid-recovery-remediated")]))
+
+
+@workflow.defn(name="xid-recovery")
+class ClockedXidRecovery(XidRecovery):
+    """The runbook reading the machine's clock, as a careless change would make it."""
+
+    @workflow.run
+    async def run(self, raw: dict[str, Any]) -> RunbookStatus:
+        return await super().run(raw)
+
+    async def take_lease(self) -> None:
+        self.decide("lease", f"asked at {datetime.now()}")
+        await super().take_lease()
+
+
+async def test_the_strict_sandbox_catches_a_clock_in_workflow_code() -> None:
+    replayer = Replayer(workflows=[ClockedXidRecovery], data_converter=pydantic_data_converter,
+                        workflow_runner=STRICT)
+    with pytest.raises(Exception, match="datetime.datetime.now"):
         await replayer.replay_workflow(load(HISTORIES[[p.stem for p in HISTORIES].index("xid-recovery-remediated")]))

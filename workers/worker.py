@@ -25,8 +25,7 @@ from typing import Any, Protocol
 from kubernetes.client import ApiClient
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.worker import PollerBehaviorAutoscaling, Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+from temporalio.worker import PollerBehaviorAutoscaling, UnsandboxedWorkflowRunner, Worker
 
 from activities.agent import AgentActivities
 from activities.burn_in import BurnInActivities
@@ -137,15 +136,16 @@ def build_activities(settings: Settings, policy: Policy, client: Client,
     return Activities(settings, policy, client, api_client).all
 
 
-def sandbox_runner() -> SandboxedWorkflowRunner:
-    # The domain package and pydantic are deterministic and import-heavy: pass them through. So is
-    # `workflows` itself: re-importing it into a fresh sandbox for each new run cost ~25 ms of the
-    # worker's event loop per run (half of it `workflow.defn` checking the class again), which a
-    # storm of 50 alerts paid in series before the first cordon. What the sandbox would have caught
-    # in those modules (a clock, randomness, I/O) tests/test_determinism.py refuses statically, and
-    # the saved histories replay in tests/test_replay.py.
-    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(
-        "pydantic", "pydantic_core", "fleetmedic", "yaml", "annotated_types", "workflows"))
+# Workflow code runs without Temporal's sandbox. Inside it, each activation crossed into the
+# sandbox (`exec` with restricted builtins) several times: replaying a saved xid-recovery history
+# cost 46-74 ms with it and 29-51 ms without, and a new run's first task built a sandbox of its
+# own on the worker's one event loop, which a storm of 50 alerts paid in series before the
+# first cordon. The domain modules were already passed through it, so what it still checked
+# (a clock, randomness or I/O in workflow code) is checked instead where it costs nothing at
+# run time: statically in tests/test_determinism.py (the workflows and the domain modules they
+# call), and by replaying every saved history in a sandbox that imports the workflow modules
+# afresh, so their calls meet its restrictions (tests/test_replay.py).
+WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
 
 
 class FleetWorker:
@@ -172,13 +172,20 @@ class FleetWorker:
         await asyncio.gather(*(w.__aexit__(*exc) for w in self.workers))
 
 
-# Workflow-task polls a worker may keep open at once (the autoscaler stays between 2 and this).
+# Workflow-task polls a worker may keep open at once (the autoscaler stays between 8 and this).
 WORKFLOW_POLLERS_MAX = 20
-# Workflow tasks a worker takes at once. They share its one interpreter (a new run's first task
-# builds its sandbox on the event loop): at the SDK's 100, 5,000 runs started together kept 100 in
-# the worker, where each waited its turn, 2,759 of them past the SDK's 5 s warning and some past
-# their 10 s timeout, to be redone. Fewer at once wait in the server instead, where none times out.
+# Workflow tasks a worker takes at once. They share its one interpreter: at the SDK's 100, 5,000
+# runs started together kept 100 in the worker, where each waited its turn, 2,759 of them past the
+# SDK's 5 s warning and some past their 10 s timeout, to be redone. Fewer at once wait in the
+# server instead, where none times out.
 WORKFLOW_TASK_SLOTS = 32
+
+
+def protective_pollers(settings: Settings) -> int:
+    """Polls of the protective queue kept open however quiet it has been. Between storms the SDK's
+    autoscaler shrinks to its minimum, and the next storm's cordons then wait for it to grow back,
+    one round trip at a time; 16 open polls take 16 cordons at once."""
+    return min(16, max(1, settings.protective_slots))
 
 
 def build_worker(client: Client, settings: Settings, policy: Policy, *,
@@ -194,14 +201,15 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         activities=activities.all,
         activity_executor=executor,
         max_concurrent_activities=settings.activity_threads,
-        workflow_runner=sandbox_runner(),
+        workflow_runner=WORKFLOW_RUNNER,
         max_cached_workflows=settings.workflow_cache,
         max_concurrent_workflow_tasks=WORKFLOW_TASK_SLOTS,
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
         # A storm's new runs arrive on the non-sticky queue, which the SDK's default polls with one
         # poller of five: 50 new alerts then waited ~2.5 s, one poll round trip each, for their
-        # first workflow task. Pollers that scale with the backlog take them together.
-        workflow_task_poller_behavior=PollerBehaviorAutoscaling(minimum=2, maximum=WORKFLOW_POLLERS_MAX, initial=8),
+        # first workflow task. Pollers that scale with the backlog take them together, and 8 stay
+        # open between storms (the autoscaler would otherwise shrink to its minimum).
+        workflow_task_poller_behavior=PollerBehaviorAutoscaling(minimum=8, maximum=WORKFLOW_POLLERS_MAX, initial=8),
         nonsticky_to_sticky_poll_ratio=1.0,
         activity_task_poller_behavior=PollerBehaviorAutoscaling(initial=5),
     )
@@ -213,8 +221,9 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         max_concurrent_activities=settings.protective_slots,
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
         # As many polls as slots: 50 cordons at once must not queue behind five poll round trips.
-        activity_task_poller_behavior=PollerBehaviorAutoscaling(minimum=1, maximum=max(1, settings.protective_slots),
-                                                                initial=min(4, max(1, settings.protective_slots))),
+        activity_task_poller_behavior=PollerBehaviorAutoscaling(minimum=protective_pollers(settings),
+                                                                maximum=max(1, settings.protective_slots),
+                                                                initial=protective_pollers(settings)),
     )
     waits = Worker(client, task_queue=wait_queue(settings), activities=activities.waits,
                    max_concurrent_activities=settings.wait_slots, graceful_shutdown_timeout=SHUTDOWN_GRACE)
@@ -227,7 +236,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         # there as well, from the main pool of threads.
         others.append(Worker(client, task_queue=ids.guard_queue(settings.task_queue), workflows=[FleetGuard],
                              activities=activities.all, activity_executor=executor, max_concurrent_activities=4,
-                             workflow_runner=sandbox_runner(), graceful_shutdown_timeout=SHUTDOWN_GRACE))
+                             workflow_runner=WORKFLOW_RUNNER, graceful_shutdown_timeout=SHUTDOWN_GRACE))
     return FleetWorker(main, *others)
 
 

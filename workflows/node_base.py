@@ -38,7 +38,7 @@ with workflow.unsafe.imports_passed_through():
         Taint,
         TaintRequest,
     )
-    from fleetmedic.policy import Policy
+    from fleetmedic.policy import Policy, shared
     from fleetmedic.trust import node_name_error
 
 POLL = timedelta(seconds=2)
@@ -142,7 +142,7 @@ class NodeRunbookBase(Runbook):
         # Local activities: the worker's own configuration, no round trip through the task queue.
         policy, context = await asyncio.gather(
             local(refs.CONFIG_POLICY, ()), local(refs.CONFIG_CONTEXT, ()))
-        self.policy, self.context = Policy.model_validate(policy), RunContext.model_validate(context)
+        self.policy, self.context = shared(Policy.model_validate(policy)), RunContext.model_validate(context)
         served = self.policy.routing.served_clusters
         # Patched: runs recorded before the check existed replay without it.
         if self.cluster not in served and workflow.patched("served-cluster-check"):

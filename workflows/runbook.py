@@ -50,7 +50,7 @@ with workflow.unsafe.imports_passed_through():
         RunbookStatus,
         StepRecord,
     )
-    from fleetmedic.policy import Policy
+    from fleetmedic.policy import Policy, shared
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -286,7 +286,7 @@ class Runbook:
         """The worker's policy (a local activity: no round trip through the task queue), shadow mode
         when it says so, and the run's search attributes."""
         self.enter("load policy")
-        self.policy = Policy.model_validate(await local(refs.CONFIG_POLICY, ()))
+        self.policy = shared(Policy.model_validate(await local(refs.CONFIG_POLICY, ())))
         if self.policy.shadow.enabled_for(self.runbook) and not self.dry_run:
             self.dry_run = True
             self.decide("load policy", f"shadow mode for {self.runbook} (policy): nothing will be changed")
