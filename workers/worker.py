@@ -78,6 +78,10 @@ def wait_queue(settings: Settings) -> str:
     return ids.waits_queue(settings.task_queue)
 
 
+def guard_queue(settings: Settings) -> str:
+    return ids.guard_queue(settings.task_queue)
+
+
 class Activities:
     """Every activity the runbooks call, wired to the systems `settings` names: `all` for the main
     task queue, `protective` and `waits` for their own queues (also in `all`, for runs recorded
@@ -122,7 +126,7 @@ class Activities:
             SlackActivities(settings.slack_bot_token, settings.slack_channel or policy.notify.slack_channel,
                             settings.slack_api_url, shadow_channel=policy.notify.shadow_channel),
             AgentActivities(settings.agent_url, settings.agent_token, force_dry_run=dry),
-            GuardActivities(client, ids.guard_queue(settings.task_queue)),
+            GuardActivities(client, guard_queue(settings)),
             KueueTrigger(client, settings.task_queue),
             TrafficHandoff(client),
             TemporalActivities(client, settings.task_queue),
@@ -234,7 +238,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         # none got a lease. Guards started before this keep the main queue, which serves them too.
         # Its own few calls (the policy, the fleet's capacity, which holders still run) are served
         # there as well, from the main pool of threads.
-        others.append(Worker(client, task_queue=ids.guard_queue(settings.task_queue), workflows=[FleetGuard],
+        others.append(Worker(client, task_queue=guard_queue(settings), workflows=[FleetGuard],
                              activities=activities.all, activity_executor=executor, max_concurrent_activities=4,
                              workflow_runner=WORKFLOW_RUNNER, graceful_shutdown_timeout=SHUTDOWN_GRACE))
     return FleetWorker(main, *others)
