@@ -27,6 +27,7 @@ with its state before its history grows large. Recovery steps never ask it for a
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from datetime import timedelta
 
 from temporalio import workflow
@@ -54,6 +55,33 @@ HOUR = timedelta(hours=1)
 MINUTE = timedelta(minutes=1)
 
 
+class DomainCount:
+    """Nodes of a topology domain out of service — under a lease, or already NotReady or cordoned
+    (by anyone) — for one round of grants. Nodes of runbooks waiting in line do not count against
+    each other. Built once a round and kept up to date by `granted`: counted afresh for each
+    request in line, a storm's grants grew with the square of the line."""
+
+    def __init__(self, holders: list[Lease], queue: list[LeaseRequest], capacity: FleetCapacity) -> None:
+        self.held: dict[str | None, set[str]] = {}
+        for lease in holders:
+            self.held.setdefault(lease.domain, set()).add(lease.node)
+        self.down: dict[str, set[str]] = {}
+        for node, domain in capacity.domains.items():
+            self.down.setdefault(domain, set()).add(node)
+        self.waiting = Counter(q.node for q in queue)  # a node may be in line for two runbooks
+
+    def out(self, request: LeaseRequest) -> int:
+        held = self.held.get(request.domain, set())
+        if not workflow.patched("domain-counts-nodes-out"):  # guards recorded before: leases only
+            return len(held)
+        down = {node for node in self.down.get(request.domain or "", set()) if not self.waiting[node]}
+        return len((held | down) - {request.node})
+
+    def granted(self, request: LeaseRequest, lease: Lease) -> None:
+        self.held.setdefault(lease.domain, set()).add(lease.node)
+        self.waiting[request.node] -= 1
+
+
 @workflow.defn(name="fleet-guard")
 class FleetGuard:
     @workflow.init
@@ -66,15 +94,20 @@ class FleetGuard:
         self.capacity: FleetCapacity | None = None
         self.capacity_at = workflow.now()
         self.reclaimed_at = workflow.now()
+        # Who holds a lease and who is in line, by workflow ID: a storm sends thousands of requests,
+        # and a scan of both lists for each made the guard's work grow with their square.
+        self.holding = {h.workflow_id for h in state.holders}
+        self.in_line = {q.workflow_id for q in state.queue}
 
     # --- what runbooks and operators send -----------------------------------------------------
 
     @workflow.signal(description="Internal (runbooks): ask for a disruption lease, answered by signal `lease`")
     def request(self, request: LeaseRequest) -> None:
-        if any(h.workflow_id == request.workflow_id for h in self.state.holders):
+        if request.workflow_id in self.holding:
             self.told.pop(request.workflow_id, None)  # a retried request: answer "granted" again
-        elif not any(q.workflow_id == request.workflow_id for q in self.state.queue):
+        elif request.workflow_id not in self.in_line:
             self.state.queue.append(request.model_copy(update={"requested_at": workflow.now()}))
+            self.in_line.add(request.workflow_id)
         self.dirty = True
 
     @workflow.signal(description="Internal (runbooks): ask to kill the jobs an XID already killed, before the lease")
@@ -86,8 +119,12 @@ class FleetGuard:
 
     @workflow.signal(description="Internal (runbooks): give a lease back, or leave the line")
     def release(self, workflow_id: str) -> None:
-        self.state.holders = [h for h in self.state.holders if h.workflow_id != workflow_id]
-        self.state.queue = [q for q in self.state.queue if q.workflow_id != workflow_id]
+        if workflow_id in self.holding:
+            self.state.holders = [h for h in self.state.holders if h.workflow_id != workflow_id]
+            self.holding.discard(workflow_id)
+        if workflow_id in self.in_line:
+            self.state.queue = [q for q in self.state.queue if q.workflow_id != workflow_id]
+            self.in_line.discard(workflow_id)
         self.told.pop(workflow_id, None)
         self.dirty = True
 
@@ -163,27 +200,33 @@ class FleetGuard:
         # those cordons must not count against the leases they wait for, or a storm of alerts would
         # fill the budget with itself and no lease would ever be granted.
         waiting = {q.node for q in self.state.queue} if workflow.patched("protective-nodes-in-line") else set()
+        # The nodes out of service: (unavailable - waiting) | held. A grant moves its node from
+        # `waiting` to `held`, which adds exactly that node, so `out` grows by it and is never
+        # rebuilt (rebuilding it for each request in line made a storm's grants quadratic).
+        out = (set(capacity.unavailable) - waiting) | {h.node for h in self.state.holders}
+        domains = DomainCount(self.state.holders, self.state.queue, capacity)
         index = 0
         while index < len(self.state.queue) and len(self.state.holders) < budget.max_concurrent \
                 and len(self.state.granted_recently) < budget.max_per_hour:
             request = self.state.queue[index]
-            held = {h.node for h in self.state.holders}
-            out = (set(capacity.unavailable) - waiting) | held
             if request.node not in out and len(out) + 1 > allowed_out:
                 break  # the next disruption would take too much of the fleet out
-            if request.domain and self.domain_out(request, capacity) >= budget.max_per_domain:
+            if request.domain and domains.out(request) >= budget.max_per_domain:
                 index += 1  # its domain is full: the next in line may pass
                 continue
             self.state.queue.pop(index)
-            self.state.holders.append(Lease(workflow_id=request.workflow_id, node=request.node,
-                                            domain=request.domain, granted_at=now))
+            self.in_line.discard(request.workflow_id)
+            lease = Lease(workflow_id=request.workflow_id, node=request.node, domain=request.domain, granted_at=now)
+            self.state.holders.append(lease)
+            self.holding.add(request.workflow_id)
+            domains.granted(request, lease)
             self.state.granted_recently.append(now)
             self.state.grants += 1
             self.state.max_held = max(self.state.max_held, len(self.state.holders))
             self.told.pop(request.workflow_id, None)
             waiting.discard(request.node)
-            out_now = len((set(capacity.unavailable) - waiting) | {h.node for h in self.state.holders})
-            self.out_fraction = out_now / capacity.gpu_nodes
+            out.add(request.node)
+            self.out_fraction = len(out) / capacity.gpu_nodes
 
     async def answer_kills(self) -> None:
         """Grant protective kills in the order asked, up to the budget's per-minute limit; refuse the
@@ -212,16 +255,6 @@ class FleetGuard:
             await workflow.get_external_workflow_handle(workflow_id).signal("protective_kill", answer)
         except FailureError:
             workflow.logger.info("runbook %s is gone: its protective kill is moot", workflow_id)
-
-    def domain_out(self, request: LeaseRequest, capacity: FleetCapacity) -> int:
-        """Nodes of the request's domain out of service: under a lease, or already NotReady or
-        cordoned (by anyone). Nodes of runbooks waiting in line do not count against each other."""
-        held = {h.node for h in self.state.holders if h.domain == request.domain}
-        if not workflow.patched("domain-counts-nodes-out"):  # guards recorded before: leases only
-            return len(held)
-        waiting = {q.node for q in self.state.queue}
-        down = {node for node, domain in capacity.domains.items() if domain == request.domain} - waiting
-        return len((held | down) - {request.node})
 
     def record_metrics(self) -> None:
         """Budget use on the worker's /metrics (the dashboard's budget panel). Gauges: each
