@@ -21,6 +21,7 @@ from fleetmedic.ids import guard_workflow_id, node_workflow_id
 from fleetmedic.models import EscalationAnswer, GuardState, NodeRunbookInput, Operator, RunbookStatus
 from tests.harness import quick_policy, settings_for, worker_for
 from tests.runbook_stack import status_when
+from workflows.fleet_guard import NEAR, worth_telling
 
 
 def guard_policy(tmp_path: Path, provider: ProviderStandIn, **budget: Any):  # type: ignore[no-untyped-def]
@@ -302,3 +303,20 @@ async def test_a_lease_that_never_comes_escalates(client: Client, task_queue: st
     assert node["spec"].get("unschedulable") is True
     assert "run aborted by sre: later" in node["metadata"]["annotations"]["fleetmedic.io/quarantine-reason"]
     assert [r["node"] for r in provider_http.accepted()] == ["gpu-1"]
+
+
+def test_a_long_line_hears_of_its_places_without_a_signal_per_waiter_per_grant() -> None:
+    """2,000 runbooks in line, granted one at a time: each grant moves everyone up by one. Those
+    near the front hear every move, those further back hear often enough that the place they were
+    told is never more than about a tenth off, and the guard sends some 50 signals a waiter, not
+    one to each of them at every grant (2 million here)."""
+    line, told, signals = list(range(2000)), {}, 0
+    while line:
+        for position, waiter in enumerate(line, start=1):
+            if worth_telling(told.get(waiter), position):
+                told[waiter] = position
+                signals += 1
+            assert told[waiter] == position if position <= NEAR else position <= told[waiter] <= position * 1.12
+        line.pop(0)
+    assert signals < 2000 * 60, signals
+    assert not worth_telling(7, 7) and worth_telling(None, 4000) and worth_telling(3, 4)
