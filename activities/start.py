@@ -16,8 +16,7 @@ async def start_or_attach(client: Client, workflow: str, arg: Any, *, workflow_i
                           signal: str | None = None, signal_args: Sequence[Any] = (),
                           search_attributes: TypedSearchAttributes | None = None, result_type: type | None = None,
                           rpc_timeout: timedelta | None = None, summary: str | None = None,
-                          details: str | None = None, after_closed: bool = True,
-                          task_timeout: timedelta | None = None) -> WorkflowHandle[Any, Any]:
+                          details: str | None = None, after_closed: bool = True) -> WorkflowHandle[Any, Any]:
     """Start `workflow`, or attach to its open run; `signal` reaches the run either way
     (signal-with-start). The handle's `result_run_id` says which run it is. `summary` and `details`:
     what the Temporal UI shows for the run (what, where, why), instead of "No summary available".
@@ -30,4 +29,4 @@ async def start_or_attach(client: Client, workflow: str, arg: Any, *, workflow_i
                          else WorkflowIDReusePolicy.REJECT_DUPLICATE),
         start_signal=signal, start_signal_args=list(signal_args), search_attributes=search_attributes,
         result_type=result_type, rpc_timeout=rpc_timeout, static_summary=summary,
-        static_details=details, task_timeout=task_timeout)
+        static_details=details)

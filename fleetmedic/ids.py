@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
@@ -67,13 +66,6 @@ def guard_queue(task_queue: str) -> str:
     """The fleet guards' queue beside a worker's task queue: every run's lease goes through its
     cluster's guard, so the guard's steps never wait behind the runs' own."""
     return f"{task_queue}-guard"
-
-
-# The fleet guard's workflow-task timeout (Temporal's default is 10 s). In a storm of thousands of
-# lease requests a guard task took longer on a busy worker; at 10 s the server took it back, the
-# worker dropped the guard from its cache and replayed thousands of events to redo it, slower still,
-# and no lease was granted for minutes. A slow task that finishes is worth more than a fast retry.
-GUARD_TASK_TIMEOUT = timedelta(seconds=60)
 
 
 def waits_queue(task_queue: str) -> str:

@@ -22,7 +22,6 @@ from temporalio.service import RPCError
 from activities.start import start_or_attach
 from fleetmedic.details import run_details
 from fleetmedic.ids import (
-    GUARD_TASK_TIMEOUT,
     NODE_RUNBOOKS,
     cluster_workflow_id,
     guard_queue,
@@ -333,8 +332,7 @@ async def guard_command(client: Client, args: argparse.Namespace, settings: Sett
     cluster = args.cluster or settings.cluster
     operator = Operator(by=args.by, reason=args.reason)
     await start_or_attach(client, "fleet-guard", GuardState(cluster=cluster), workflow_id=guard_workflow_id(cluster),
-                          task_queue=guard_queue(settings.task_queue), signal=args.command, signal_args=[operator],
-                          task_timeout=GUARD_TASK_TIMEOUT)
+                          task_queue=guard_queue(settings.task_queue), signal=args.command, signal_args=[operator])
     verb = "paused" if args.command == "pause" else "resumed"
     print(f"fleet-guard/{cluster}: {verb} by {operator.by}" + (f": {operator.reason}" if operator.reason else ""))
     return 0
