@@ -581,6 +581,10 @@ class GuardState(_Model):
     # Protective kills (job_lost XIDs: DOWN + requeue before the lease): asked, and granted in the last minute.
     kill_requests: list[LeaseRequest] = Field(default_factory=list)
     killed_recently: list[datetime] = Field(default_factory=list)
+    # The place in line each runbook was last told (0: granted). Carried so that a continue-as-new
+    # tells nobody again: re-telling 1,000 holders was 2,000 events, past the history limit at once,
+    # and the guard continued-as-new and re-told them all in a loop.
+    told: dict[str, int] = Field(default_factory=dict)
 
 
 class FleetCapacity(_Model):

@@ -6,9 +6,11 @@ import asyncio
 import json
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
@@ -18,10 +20,19 @@ from devstack.kube_emulator import KubeEmulatorThread
 from devstack.kube_world import RealKube
 from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.ids import guard_workflow_id, node_workflow_id
-from fleetmedic.models import EscalationAnswer, GuardState, NodeRunbookInput, Operator, RunbookStatus
+from fleetmedic.models import (
+    EscalationAnswer,
+    GuardState,
+    LeaseAnswer,
+    LeaseRequest,
+    NodeRunbookInput,
+    Operator,
+    RunbookStatus,
+)
 from tests.harness import quick_policy, settings_for, worker_for
 from tests.runbook_stack import status_when
-from workflows.fleet_guard import NEAR, worth_telling
+from workers.worker import build_worker
+from workflows.fleet_guard import NEAR, FleetGuard, worth_telling
 
 
 def guard_policy(tmp_path: Path, provider: ProviderStandIn, **budget: Any):  # type: ignore[no-untyped-def]
@@ -48,6 +59,38 @@ class OutOfService(threading.Thread):
             self.most = max(self.most, len([n for n in out if n not in running]))
             self.most_protected = max(self.most_protected, len([n for n in out if n in running]))
             time.sleep(0.1)
+
+
+@workflow.defn(name="lease-holder")
+class LeaseHolder:
+    """What a runbook does with the guard and nothing else: ask for a lease, hold it (`hold`) or
+    give it back at once, and count every answer the guard sends."""
+
+    def __init__(self) -> None:
+        self.answers: list[LeaseAnswer] = []
+
+    @workflow.signal
+    def lease(self, answer: LeaseAnswer) -> None:
+        self.answers.append(answer)
+
+    @workflow.signal
+    def done(self) -> None:
+        self.answers.append(LeaseAnswer(granted=False, reason="done"))
+
+    @workflow.query
+    def granted(self) -> int:
+        return sum(a.granted for a in self.answers)
+
+    @workflow.run
+    async def run(self, cluster: str, hold: bool) -> None:
+        me = workflow.info().workflow_id
+        await workflow.execute_activity("guard.request", args=[cluster, LeaseRequest(workflow_id=me, node=me)],
+                                        start_to_close_timeout=timedelta(seconds=30))
+        await workflow.wait_condition(lambda: any(a.granted for a in self.answers))
+        if hold:
+            await workflow.wait_condition(lambda: self.answers[-1].reason == "done")
+        await workflow.execute_activity("guard.release", args=[cluster, me],
+                                        start_to_close_timeout=timedelta(seconds=30))
 
 
 async def guard_state(client: Client, cluster: str) -> GuardState:
@@ -124,6 +167,42 @@ async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue:
     assert len(runs) > 1, "the guard should have continued-as-new during the storm"
     # ... on a task queue of its own, so its steps never wait behind those of the 40 runs it serves.
     assert {run.task_queue for run in runs} == {f"{task_queue}-guard"}
+
+
+async def test_a_guard_that_continues_as_new_tells_no_holder_again(client: Client, task_queue: str,
+                                                                    kube: KubeEmulatorThread,
+                                                                    provider_http: ProviderStandIn,
+                                                                    tmp_path: Path) -> None:
+    """Holders are told "granted" once, whatever the guard's restarts. Re-telling every holder after a
+    continue-as-new cost two history events each: with 1,000 holders and a limit of 2,000 events the
+    guard continued-as-new again at once, and re-told them all, in a loop. Here 30 holders against a
+    limit of 50 events."""
+    for i in range(40):
+        kube.emulator.put(fleet.node(f"gpu-{i}"))
+    policy = guard_policy(tmp_path, provider_http, max_concurrent=100, max_unavailable_fraction=1.0,
+                          guard_history_events=50)
+    cluster = task_queue
+    settings = settings_for(task_queue, kube, provider=provider_http)
+    async with build_worker(client, settings, policy.serving(cluster), workflows=[FleetGuard, LeaseHolder]):
+        holders = [await client.start_workflow(LeaseHolder.run, args=[cluster, True], id=f"{cluster}-holder-{i}",
+                                               task_queue=task_queue) for i in range(30)]
+        while len((await guard_state(client, cluster)).holders) < 30:
+            await asyncio.sleep(0.2)
+        # More lease traffic, so the guard continues-as-new while the 30 hold theirs.
+        passing = [await client.start_workflow(LeaseHolder.run, args=[cluster, False], id=f"{cluster}-passing-{i}",
+                                               task_queue=task_queue) for i in range(20)]
+        await asyncio.wait_for(asyncio.gather(*(p.result() for p in passing)), 120)
+        runs = [w async for w in client.list_workflows(f'WorkflowId = "{guard_workflow_id(cluster)}"')]
+        assert len(runs) > 2, "the guard should have continued-as-new while the leases were held"
+        # Counted where they arrive: the holders' own histories.
+        for holder in holders:
+            told = [e async for e in holder.fetch_history_events()
+                    if e.workflow_execution_signaled_event_attributes.signal_name == "lease"]
+            assert len(told) == 1, (holder.id, len(told))
+        for holder in holders:
+            await holder.signal(LeaseHolder.done)
+        await asyncio.wait_for(asyncio.gather(*(h.result() for h in holders)), 120)
+        assert (await guard_state(client, cluster)).holders == []
 
 
 async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Client, task_queue: str,

@@ -103,7 +103,9 @@ class FleetGuard:
     def __init__(self, state: GuardState) -> None:
         self.state = state
         self.dirty = True
-        self.told: dict[str, int] = {}  # the queue position each waiter was last told
+        # The place each runbook was last told, in the state: kept across continue-as-new (guards
+        # recorded before it was carried start empty and tell everyone again, as they did).
+        self.told = state.told
         self.policy: Policy | None = None
         self.out_fraction = 0.0
         self.capacity: FleetCapacity | None = None
@@ -182,7 +184,7 @@ class FleetGuard:
             self.record_metrics()
             if workflow.info().is_continue_as_new_suggested() or workflow.info().get_current_history_length() > limit:
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                # Everything the guard knows is in its state; waiters are told again after the restart.
+                # Everything the guard knows is in its state, what it told each runbook too.
                 workflow.continue_as_new(self.state)
 
     async def _wake(self, recounts: bool) -> bool:
