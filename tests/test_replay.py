@@ -59,7 +59,10 @@ def test_there_are_histories_to_replay() -> None:
                                            "xid-recovery-protective-lemon",
                                            # replacements under new names, burn-in (#17)
                                            "xid-recovery-replaced-new-name", "xid-recovery-no-replacement",
-                                           "xid-recovery-burn-in-failed"}
+                                           "xid-recovery-burn-in-failed",
+                                           # the Slack thread after the protective step (#20)
+                                           "xid-recovery-slack-after-protect", "hot-gpu-pull-slack-after-protect",
+                                           "nvlink-fault-replace-slack-after-protect"}
 
 
 @workflow.defn(name="xid-recovery", sandboxed=False)

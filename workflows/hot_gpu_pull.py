@@ -44,7 +44,7 @@ class HotGpuPull(NodeRunbook):
 
         self.enter("notify")
         self.open_thread(f":fire: GPU {gpu_name(hot.gpu)} of `{self.node}` runs hot: {self._heat(hot)}. "
-                         "Pulling it, not fixing it.")
+                         "Pulling it, not fixing it.", after_protect=True)
         why = f"GPU {gpu_name(hot.gpu)} on {self.node} runs at {_temperature(hot)}"
         reason = f"fleetmedic: GPU {gpu_name(hot.gpu)} hot, {_temperature(hot)} ({self.workflow_id})"
         if lemon := await self.protect_then_count(reason):

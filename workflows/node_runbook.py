@@ -30,6 +30,7 @@ class NodeRunbook(TakeOutSteps, ReturnSteps):
         Returns the count when the node is a lemon (0 otherwise)."""
         if workflow.patched("protective-first"):
             await self.protect(reason, taint)
+        self.open_held_thread()  # the Slack thread, once the node is out of service (`open_thread`)
         return await self.is_lemon()
 
     async def retire_lemon(self, count: int, state: SlurmNodeState, why: str) -> str:

@@ -44,7 +44,7 @@ class NvlinkFaultReplace(NodeRunbook):
         self.enter("notify")
         self.open_thread(f":link: {fault} on `{self.node}`: out of training"
                          + (", still serving inference," if policy.nvlink.keep_serving_inference else ",")
-                         + " and replaced")
+                         + " and replaced", after_protect=True)
         why = f"{fault} on {self.node}"
         reason = f"fleetmedic: {fault} ({self.workflow_id})"
         taint: Taint | None = None

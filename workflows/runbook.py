@@ -118,6 +118,7 @@ class Runbook:
         self.outcome: str | None = None
         self.thread: NotifyResult | None = None
         self.thread_task: asyncio.Future[NotifyResult] | None = None
+        self.thread_text: str | None = None  # a thread held back until the protective step is done
         self.lease_answer: LeaseAnswer | None = None
         self.awaiting_approval: str | None = None
         self.approval: tuple[str, Approval] | None = None  # ("approve" | "reject", who and why)
@@ -453,9 +454,25 @@ class Runbook:
 
     # --- Slack --------------------------------------------------------------------------------
 
-    def open_thread(self, text: str) -> None:
+    def open_thread(self, text: str, after_protect: bool = False) -> None:
         """Post the run's Slack message without waiting for it: Slack's latency must not delay
-        taking a bad node out of service. Replies wait for it (`say`)."""
+        taking a bad node out of service. Replies wait for it (`say`).
+
+        `after_protect`: not even posted until the protective step is done (`open_held_thread`),
+        or the run has something else to say. Posted beside the protective step, its activity and
+        the workflow task of its answer fell in the same second as the cordons of a storm, on the
+        same server. Patched: runs recorded before open it at once."""
+        if after_protect and workflow.patched("slack-after-protect"):
+            self.thread_text = text
+            return
+        self._post_thread(text)
+
+    def open_held_thread(self) -> None:
+        if self.thread_text is not None:
+            text, self.thread_text = self.thread_text, None
+            self._post_thread(text)
+
+    def _post_thread(self, text: str) -> None:
         self.thread_task = asyncio.ensure_future(execute(
             refs.NOTIFY_START, NotifyStart(workflow_id=self.workflow_id, runbook=self.runbook, node=self.node,
                                            text=text, dry_run=self.dry_run),
@@ -466,6 +483,7 @@ class Runbook:
         """A thread reply; notifications never fail the runbook. Dry runs mention nobody."""
         if self.dry_run:
             mention = None
+        self.open_held_thread()
         if self.thread is None and self.thread_task is not None:
             try:
                 self.thread = await self.thread_task

@@ -59,7 +59,8 @@ class XidRecovery(NodeRunbook):
         verdict = self.classify(input.xid, input.gpu, input.alert.starts_at if input.alert else None)
 
         self.enter("notify")
-        self.open_thread(f"XID {input.xid} on GPU {gpu_name(input.gpu)} of `{self.node}`: {verdict.reason}")
+        self.open_thread(f"XID {input.xid} on GPU {gpu_name(input.gpu)} of `{self.node}`: {verdict.reason}",
+                         after_protect=verdict.destructive)
 
         if not verdict.destructive:
             verdict = await self.watch_without_action(verdict)
