@@ -92,9 +92,9 @@ class DomainCount:
         down = {node for node in self.down.get(request.domain or "", set()) if not self.waiting[node]}
         return len((held | down) - {request.node})
 
-    def granted(self, request: LeaseRequest, lease: Lease) -> None:
+    def granted(self, lease: Lease) -> None:
         self.held.setdefault(lease.domain, set()).add(lease.node)
-        self.waiting[request.node] -= 1
+        self.waiting[lease.node] -= 1
 
 
 @workflow.defn(name="fleet-guard")
@@ -238,7 +238,7 @@ class FleetGuard:
             lease = Lease(workflow_id=request.workflow_id, node=request.node, domain=request.domain, granted_at=now)
             self.state.holders.append(lease)
             self.holding.add(request.workflow_id)
-            domains.granted(request, lease)
+            domains.granted(lease)
             self.state.granted_recently.append(now)
             self.state.grants += 1
             self.state.max_held = max(self.state.max_held, len(self.state.holders))
