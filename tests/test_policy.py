@@ -115,6 +115,9 @@ def test_policy_check_command(tmp_path: Path) -> None:
 def test_runs_share_one_object_per_policy() -> None:
     # Each run loads the policy through its own activity result: equal ones become one object, so
     # 5,000 runs in flight hold one policy, not 5,000 copies; a changed file is a policy of its own.
+    # Start from no shared policies: tests before this one (workers in this process) leave some,
+    # and a full cache is dropped on the next new policy.
+    policy_module._SHARED = {}
     first, again = load_policy(None), load_policy(None)
     assert first is not again
     assert shared(first) is shared(again) is shared(first)
