@@ -64,7 +64,7 @@ class OutOfService(threading.Thread):
 @workflow.defn(name="lease-holder")
 class LeaseHolder:
     """What a runbook does with the guard and nothing else: ask for a lease, hold it (`hold`) or
-    give it back at once, and count every answer the guard sends."""
+    give it back at once, keeping every answer the guard sends."""
 
     def __init__(self) -> None:
         self.answers: list[LeaseAnswer] = []
@@ -76,10 +76,6 @@ class LeaseHolder:
     @workflow.signal
     def done(self) -> None:
         self.answers.append(LeaseAnswer(granted=False, reason="done"))
-
-    @workflow.query
-    def granted(self) -> int:
-        return sum(a.granted for a in self.answers)
 
     @workflow.run
     async def run(self, cluster: str, hold: bool) -> None:
