@@ -56,17 +56,15 @@ async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None
     threads = stack.slack.threads()
     assert len(threads) == 1 and len(next(iter(threads.values()))) >= 2
     # The waits ran on the waits queue (async: they held no activity thread), the rest on the run's.
-    history = (await handle.fetch_history()).events
-    queues = {e.activity_task_scheduled_event_attributes.activity_type.name:
-              e.activity_task_scheduled_event_attributes.task_queue.name
-              for e in history if e.HasField("activity_task_scheduled_event_attributes")}
+    scheduled = [e.activity_task_scheduled_event_attributes for e in (await handle.fetch_history()).events
+                 if e.HasField("activity_task_scheduled_event_attributes")]
+    queues = {a.activity_type.name: a.task_queue.name for a in scheduled}
     assert {name for name, queue in queues.items() if queue == f"{stack.task_queue}-waits"} == {
         "k8s.evict_pods", "k8s.wait_node_ready"}, queues
     assert queues["protect.node"] == f"{stack.task_queue}-protective" and queues["provider.request"] == stack.task_queue
     # Slack after the node is out of service: its call is not in the storm's critical second.
-    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in history
-                 if e.HasField("activity_task_scheduled_event_attributes")]
-    assert scheduled.index("slack.notify_start") > scheduled.index("protect.node"), scheduled
+    names = [a.activity_type.name for a in scheduled]
+    assert names.index("slack.notify_start") > names.index("protect.node"), names
     # The search attributes carry the outcome; the audit reads the whole story from the history.
     description = await handle.describe()
     assert description.typed_search_attributes is not None
