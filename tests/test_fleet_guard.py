@@ -12,7 +12,9 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
+from temporalio.worker import Replayer
 
 from devstack import fleet
 from devstack.controllers import provider_controller
@@ -96,6 +98,17 @@ async def guard_state(client: Client, cluster: str) -> GuardState:
         except RPCError:
             await asyncio.sleep(0.1)
     raise AssertionError("the fleet guard never started")
+
+
+async def replay_guard_runs(client: Client, cluster: str) -> int:
+    """Replay every run of the cluster's guard against the current code, as a worker does after a
+    restart or a cache eviction: a run that cannot replay would hang on its next workflow task."""
+    replayer = Replayer(workflows=[FleetGuard], data_converter=pydantic_data_converter)
+    runs = [w async for w in client.list_workflows(f'WorkflowId = "{guard_workflow_id(cluster)}"')]
+    for run in runs:
+        history = await client.get_workflow_handle(run.id, run_id=run.run_id).fetch_history()
+        await replayer.replay_workflow(history)
+    return len(runs)
 
 
 async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue: str, kube: KubeEmulatorThread,
@@ -199,6 +212,8 @@ async def test_a_guard_that_continues_as_new_tells_no_holder_again(client: Clien
             await holder.signal(LeaseHolder.done)
         await asyncio.wait_for(asyncio.gather(*(h.result() for h in holders)), 120)
         assert (await guard_state(client, cluster)).holders == []
+        # Every run of the guard replays (each continued-as-new one, and the one still open).
+        assert await replay_guard_runs(client, cluster) >= len(runs)
 
 
 async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Client, task_queue: str,

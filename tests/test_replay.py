@@ -62,7 +62,15 @@ def test_there_are_histories_to_replay() -> None:
                                            "xid-recovery-burn-in-failed",
                                            # the Slack thread after the protective step (#20)
                                            "xid-recovery-slack-after-protect", "hot-gpu-pull-slack-after-protect",
-                                           "nvlink-fault-replace-slack-after-protect"}
+                                           "nvlink-fault-replace-slack-after-protect",
+                                           # the fleet guard, continued-as-new, before and after its patches
+                                           # were decided ahead of its local activity (workflows/patches.py);
+                                           # the second one's policy result came a workflow task after its marker
+                                           "fleet-guard-continued-as-new", "fleet-guard-patches-decided-first",
+                                           # every runbook's patches decided before its local activities
+                                           "xid-recovery-patches-decided-first", "hot-gpu-pull-patches-decided-first",
+                                           "nvlink-fault-replace-patches-decided-first",
+                                           "migrate-back-patches-decided-first"}
 
 
 @workflow.defn(name="xid-recovery", sandboxed=False)

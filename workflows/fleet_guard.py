@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from fleetmedic.policy import Policy
 
+from workflows.patches import Patches
 from workflows.runbook import bounded_retry, execute, local
 
 # How long a count of the fleet's out-of-service nodes is reused. Leases are always counted
@@ -76,7 +77,9 @@ class DomainCount:
     each other. Built once a round and kept up to date by `granted`: counted afresh for each
     request in line, a storm's grants grew with the square of the line."""
 
-    def __init__(self, holders: list[Lease], queue: list[LeaseRequest], capacity: FleetCapacity) -> None:
+    def __init__(self, holders: list[Lease], queue: list[LeaseRequest], capacity: FleetCapacity,
+                 patched: Patches) -> None:
+        self.patched = patched
         self.held: dict[str | None, set[str]] = {}
         for lease in holders:
             self.held.setdefault(lease.domain, set()).add(lease.node)
@@ -87,7 +90,7 @@ class DomainCount:
 
     def out(self, request: LeaseRequest) -> int:
         held = self.held.get(request.domain, set())
-        if not workflow.patched("domain-counts-nodes-out"):  # guards recorded before: leases only
+        if not self.patched("domain-counts-nodes-out"):  # guards recorded before: leases only
             return len(held)
         down = {node for node in self.down.get(request.domain or "", set()) if not self.waiting[node]}
         return len((held | down) - {request.node})
@@ -103,6 +106,7 @@ class FleetGuard:
     def __init__(self, state: GuardState) -> None:
         self.state = state
         self.dirty = True
+        self.patched = Patches()  # decided before the first local activity (workflows/patches.py)
         # The place each runbook was last told, in the state: kept across continue-as-new (guards
         # recorded before it was carried start empty and tell everyone again, as they did).
         self.told = state.told
@@ -167,10 +171,13 @@ class FleetGuard:
 
     @workflow.run
     async def run(self, state: GuardState) -> None:
+        # Before the policy's local activity: decided after it, a patch could not always replay, and
+        # a guard that cannot replay grants no lease again (workflows/patches.py).
+        self.patched.decide()
         self.policy = await local(refs.CONFIG_POLICY, ())
         limit = self.policy.budget.guard_history_events
-        recounts = workflow.patched("guard-recounts-while-waiting")
-        self.far_told_less = workflow.patched("guard-tells-far-places-less-often")
+        recounts = self.patched("guard-recounts-while-waiting")
+        self.far_told_less = self.patched("guard-tells-far-places-less-often")
         while True:
             woke = await self._wake(recounts)
             reclaim_due = workflow.now() - self.reclaimed_at >= self.policy.budget.guard_reclaim_interval
@@ -218,12 +225,12 @@ class FleetGuard:
         # Runbooks in line cordoned their nodes already (the protective step, before the lease):
         # those cordons must not count against the leases they wait for, or a storm of alerts would
         # fill the budget with itself and no lease would ever be granted.
-        waiting = {q.node for q in self.state.queue} if workflow.patched("protective-nodes-in-line") else set()
+        waiting = {q.node for q in self.state.queue} if self.patched("protective-nodes-in-line") else set()
         # The nodes out of service: (unavailable - waiting) | held. A grant moves its node from
         # `waiting` to `held`, which adds exactly that node, so `out` grows by it and is never
         # rebuilt (rebuilding it for each request in line made a storm's grants quadratic).
         out = (set(capacity.unavailable) - waiting) | {h.node for h in self.state.holders}
-        domains = DomainCount(self.state.holders, self.state.queue, capacity)
+        domains = DomainCount(self.state.holders, self.state.queue, capacity, self.patched)
         index = 0
         while index < len(self.state.queue) and len(self.state.holders) < budget.max_concurrent \
                 and len(self.state.granted_recently) < budget.max_per_hour:

@@ -101,7 +101,7 @@ class MigrateBack(TrafficRunbook):
             if snap.training:
                 raise Stopped("training took the GPUs again: "
                               + ", ".join(f"{w.namespace}/{w.name}" for w in snap.training))
-            if workflow.patched("batch-within-minimum"):
+            if self.patched("batch-within-minimum"):
                 if planned:
                     snap = snap.model_copy(update={"pods": [p for p in snap.pods if p.ref not in planned]})
                 chosen = next_batch(snap, traffic.batch_size, traffic.min_ready_fraction)

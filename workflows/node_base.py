@@ -139,13 +139,14 @@ class NodeRunbookBase(Runbook):
 
     async def load(self, xid: int | None = None) -> Policy:
         self.enter("load policy")
+        self.patched.decide()  # before the local activities, never after one (workflows/patches.py)
         # Local activities: the worker's own configuration, no round trip through the task queue.
         policy, context = await asyncio.gather(
             local(refs.CONFIG_POLICY, ()), local(refs.CONFIG_CONTEXT, ()))
         self.policy, self.context = shared(Policy.model_validate(policy)), RunContext.model_validate(context)
         served = self.policy.routing.served_clusters
         # Patched: runs recorded before the check existed replay without it.
-        if self.cluster not in served and workflow.patched("served-cluster-check"):
+        if self.cluster not in served and self.patched("served-cluster-check"):
             # Each cluster has its own fleet guard: a run for a cluster this deployment does not
             # serve would create a guard of its own and bypass every budget.
             raise NothingToDo("invalid-input", f"cluster {self.cluster!r} is not served by this FleetMedic "
@@ -255,7 +256,7 @@ class NodeRunbookBase(Runbook):
         request = LeaseRequest(workflow_id=self.workflow_id, node=self.node, domain=domain)
         await self.call("take disruption lease", refs.GUARD_REQUEST, (self.cluster, request))
         self.lease_held = True  # from here on, every way out releases it
-        timeout = self.policy.budget.lease_timeout if workflow.patched("lease-wait-escalates") else None
+        timeout = self.policy.budget.lease_timeout if self.patched("lease-wait-escalates") else None
         while not await self.wait("lease from the fleet guard",
                                   lambda: self.lease_answer is not None and self.lease_answer.granted, timeout=timeout):
             # Still in line (the budget is in use, the fleet paused, or the guard cannot count the
@@ -298,7 +299,7 @@ class NodeRunbookBase(Runbook):
         """The node's GPUs left or rejoined the fleet: Kueue's quotas follow (kueue-quota-sync).
         Never holds the runbook up: the Schedule catches up if this cannot start it."""
         assert self.policy is not None
-        if self.dry_run or not self.policy.kueue.enabled or not workflow.patched("kueue-sync-on-node-change"):
+        if self.dry_run or not self.policy.kueue.enabled or not self.patched("kueue-sync-on-node-change"):
             return
         try:
             await execute(refs.REQUEST_QUOTA_SYNC, self.cluster, start_to_close_timeout=self.call_timeout(),

@@ -61,7 +61,7 @@ class RemediateSteps(NodeRunbookBase):
             if self.replaced_signal is not None:
                 self.decide(action, f"{self.replaced_signal.by} says the node was {action}d"
                             + (f" as {self.replaced_signal.new_node}" if self.replaced_signal.new_node else ""))
-                if self.replaced_signal.new_node and not workflow.patched("follow-replacement"):
+                if self.replaced_signal.new_node and not self.patched("follow-replacement"):
                     self.node = self.replaced_signal.new_node  # runs recorded before the replacement was followed
         return result
 
@@ -87,7 +87,7 @@ class RemediateSteps(NodeRunbookBase):
         assert self.policy is not None
         since = workflow.now() - self.policy.lemon.window
         before = await self.call("lemon check", refs.COUNT_REMEDIATIONS, (self.cluster, self.node, since)) or 0
-        if workflow.patched("lemon-count-on-node"):
+        if self.patched("lemon-count-on-node"):
             # The node's own record outlives Temporal's retention of closed runs.
             node = await self.call("lemon check", refs.GET_NODE, self.node)
             on_node = count_since(node.annotations.get(self.policy.labels.remediations_annotation), since,

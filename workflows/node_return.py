@@ -30,7 +30,7 @@ class ReturnSteps(ReplacementSteps):
         service → release the lease → confirm the jobs resumed → record the outcome. A node that does
         not come back healthy stays quarantined; one that fails its burn-in goes back to the provider."""
         assert self.policy is not None
-        follows = workflow.patched("follow-replacement")
+        follows = self.patched("follow-replacement")
         round = 1
         while True:
             if follows and not await self.follow_replacement():

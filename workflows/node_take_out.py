@@ -58,7 +58,7 @@ class TakeOutSteps(NodeRunbookBase):
         next periodic checkpoint. `recheck`: confirms the fault again when the
         lease took long to come (it raises when there is nothing left to do). Returns the jobs
         that ran on the node."""
-        if workflow.patched("protective-first"):
+        if self.patched("protective-first"):
             await self.protect(reason, taint)
         asked = workflow.now()
         await self.take_lease()
@@ -67,7 +67,7 @@ class TakeOutSteps(NodeRunbookBase):
         signalled_at = workflow.now()
         # Patched: runs recorded before it went DOWN at once and let Slurm's SIGTERM be the signal.
         signal_first = (state is SlurmNodeState.DOWN and self.context.slurm_enabled
-                        and workflow.patched("signal-before-down"))
+                        and self.patched("signal-before-down"))
         jobs = await self.take_out_of_service(state, reason, taint, drain_while_jobs=signal_first)
         if signal_first and jobs:
             signalled_at = await self.signal_jobs(jobs)
@@ -181,7 +181,7 @@ class TakeOutSteps(NodeRunbookBase):
         def read() -> Any:
             return asyncio.gather(jobs_on_node(), self.call("take out of service", refs.GET_NODE, self.node))
 
-        if workflow.patched("read-jobs-after-the-gate"):
+        if self.patched("read-jobs-after-the-gate"):
             # The gate may wait hours (a pause, an approval): read the node's jobs after it, so the
             # jobs we wait for and requeue are the ones SIGTERM actually reaches.
             await self.gate("take out of service", ("cordon", "slurm_down"))
@@ -278,7 +278,7 @@ class TakeOutSteps(NodeRunbookBase):
             if not job.requeue:
                 self.decide("ensure requeue", f"job {job.job_id} is not requeueable (--no-requeue): left to its owner")
                 continue
-            if workflow.patched("requeue-gated"):
+            if self.patched("requeue-gated"):
                 # A requeue kills a training run: the gate again right before it (a pause or an
                 # opt-out set during the grace counts), and only where the job still runs on this node.
                 opt_out = await self.before_destructive("ensure requeue")
@@ -323,7 +323,7 @@ class TakeOutSteps(NodeRunbookBase):
             if report.failed:
                 text += "; could not evict: " + ", ".join(f"{p.pod} ({p.reason})" for p in report.failed)
             self.decide("drain", text)
-            if not report.failed or report.dry_run or not workflow.patched("drain-on-blocked"):
+            if not report.failed or report.dry_run or not self.patched("drain-on-blocked"):
                 return report
             blocked = tuple(p.pod for p in report.failed)
             if self.policy.drain.on_blocked == "proceed":

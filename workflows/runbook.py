@@ -52,6 +52,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from fleetmedic.policy import Policy, shared
 
+from workflows.patches import Patches
+
 In = TypeVar("In")
 Out = TypeVar("Out")
 
@@ -97,6 +99,7 @@ class Runbook:
     def _init_state(self, cluster: str, node: str, workflow_id: str, dry_run: bool) -> None:
         self.cluster, self.node, self.workflow_id = cluster, node, workflow_id
         self.dry_run = dry_run
+        self.patched = Patches()  # decided before the first local activity (workflows/patches.py)
         self.policy: Policy | None = None
         self.step_name = "starting"
         self._waiting_for: str | None = None
@@ -226,7 +229,7 @@ class Runbook:
             self.waiting_for = f"lease, position {answer.position} ({answer.reason})"
             # Visible in the UI's list and to `FleetStep = "waiting for lease (position 3)"` queries.
             # Patched: runs recorded before this existed replay without the upsert.
-            if workflow.patched("lease-position-search-attribute"):
+            if self.patched("lease-position-search-attribute"):
                 workflow.upsert_search_attributes([ids.FLEET_STEP.value_set(f"waiting for lease (position "
                                                                             f"{answer.position})")])
 
@@ -250,7 +253,7 @@ class Runbook:
         self.step_name = "done"
         self.show_details()
         workflow.upsert_search_attributes([ids.FLEET_OUTCOME.value_set(outcome), ids.FLEET_STEP.value_set("done")])
-        if workflow.patched("outcome-memo"):
+        if self.patched("outcome-memo"):
             # Every run closes COMPLETED (green in the UI's list), whatever it did: the memo and the
             # FleetOutcome column (README, "Temporal UI") tell an aborted or a shadow run apart.
             workflow.upsert_memo({"outcome": outcome, "dry_run": self.dry_run})
@@ -287,6 +290,7 @@ class Runbook:
         """The worker's policy (a local activity: no round trip through the task queue), shadow mode
         when it says so, and the run's search attributes."""
         self.enter("load policy")
+        self.patched.decide()  # before the local activity, never after one (workflows/patches.py)
         self.policy = shared(Policy.model_validate(await local(refs.CONFIG_POLICY, ())))
         if self.policy.shadow.enabled_for(self.runbook) and not self.dry_run:
             self.dry_run = True
@@ -309,7 +313,7 @@ class Runbook:
         """Where an activity that waits runs (activities/waits.py: async, holding no thread): the
         run's queue's `-waits` twin. Runs recorded before the waits moved there keep them on the
         run's own queue (patched)."""
-        if workflow.patched("waits-hold-no-thread"):
+        if self.patched("waits-hold-no-thread"):
             return ids.waits_queue(workflow.info().task_queue)
         return None
 
@@ -356,7 +360,7 @@ class Runbook:
     async def escalate(self, step: str, error: str) -> EscalationAnswer:
         """Tell a human (Slack mention) and wait for `answer`; remind every `reminder`. A dry run
         pages nobody: it ends there (`DryRunEnded`), saying what it would have escalated."""
-        if self.dry_run and workflow.patched("dry-run-never-escalates"):
+        if self.dry_run and self.patched("dry-run-never-escalates"):
             raise DryRunEnded(step, error)
         self.escalation = Escalation(step=step, error=error, since=workflow.now())
         self.escalation_answer = None
@@ -398,7 +402,7 @@ class Runbook:
         """Wait while this run or the fleet is paused; say so once per pause."""
         announced: Operator | None = None
         while True:
-            asks = not self.hears_fleet_pause() and not self.dry_run and workflow.patched("fleet-pause-asked")
+            asks = not self.hears_fleet_pause() and not self.dry_run and self.patched("fleet-pause-asked")
             if asks:
                 fleet = await self.call(f"{step}: fleet pause", refs.GUARD_PAUSED, self.cluster)
                 self.fleet_paused = fleet.paused if fleet is not None else None
@@ -407,7 +411,7 @@ class Runbook:
                 return
             scope = "paused" if self.paused else "fleet paused"
             # Patched: traffic runbooks recorded before their gate existed neither asked nor said.
-            if pause != announced and (self.hears_fleet_pause() or workflow.patched("fleet-pause-asked")):
+            if pause != announced and (self.hears_fleet_pause() or self.patched("fleet-pause-asked")):
                 await self.say(f":double_vertical_bar: {scope} by {pause.by} before *{step}*: {pause.reason}")
                 announced = pause
             # A run without a lease is told of no resume: it asks again every FLEET_PAUSE_POLL.
@@ -423,7 +427,7 @@ class Runbook:
         by default the run's node; none when empty), the Slack thread, the decisions, the metrics and
         the `FleetOutcome` search attribute. A dry run ends `dry-run`, with what it would have done."""
         self.enter("record outcome")
-        if self.dry_run and outcome not in UNCHANGED_OUTCOMES | {"dry-run"} and workflow.patched("dry-run-outcome"):
+        if self.dry_run and outcome not in UNCHANGED_OUTCOMES | {"dry-run"} and self.patched("dry-run-outcome"):
             message, outcome = f"would have ended {outcome}: {message}", "dry-run"
         subject = self.node if event_on is None else event_on
         if subject:
@@ -462,7 +466,7 @@ class Runbook:
         or the run has something else to say. Posted beside the protective step, its activity and
         the workflow task of its answer fell in the same second as the cordons of a storm, on the
         same server. Patched: runs recorded before open it at once."""
-        if after_protect and workflow.patched("slack-after-protect"):
+        if after_protect and self.patched("slack-after-protect"):
             self.thread_text = text
             return
         self._post_thread(text)

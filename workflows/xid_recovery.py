@@ -104,7 +104,7 @@ class XidRecovery(NodeRunbook):
         while await self.wait(f"repeats of XID {verdict.xid} until {deadline.isoformat()}",
                               lambda s=seen: len(self.alerts) > s,
                               timeout=max(deadline - workflow.now(), timedelta(seconds=1))):
-            if workflow.patched("alert-occurrences-deduplicated"):
+            if self.patched("alert-occurrences-deduplicated"):
                 # A resend (same fingerprint and startsAt) is no new occurrence, and the XID and GPU
                 # are read as the webhook reads them (labels, then the dcgm rule's annotation).
                 fresh = self.new_alerts(seen)
@@ -141,7 +141,7 @@ class XidRecovery(NodeRunbook):
         why = f"XID {xid} on GPU {gpu_name(gpu)} of {self.node}: {verdict.reason}"
         if lemon := await self.protect_then_count(reason):
             return await self.retire_lemon(lemon, SlurmNodeState.DOWN, why)
-        if verdict.job_lost and workflow.patched("protective-kill"):
+        if verdict.job_lost and self.patched("protective-kill"):
             await self.kill_lost_jobs(reason)
 
         jobs = await self.take_out_and_drain(SlurmNodeState.DOWN, reason, self.policy.grace.checkpoint)
@@ -157,7 +157,7 @@ class XidRecovery(NodeRunbook):
 
     def alert_xid_gpu(self, alert: Alert) -> tuple[int | None, int | None]:
         assert self.policy is not None
-        if not workflow.patched("alert-occurrences-deduplicated"):
+        if not self.patched("alert-occurrences-deduplicated"):
             return _label_int(alert, "xid"), _label_int(alert, "gpu")
         try:
             facts = alert_facts(alert, self.policy.routing)
