@@ -46,25 +46,47 @@ class Observed:
     def __init__(self, api: Any, slurm_log: Path) -> None:
         self.api, self.slurm_log = api, slurm_log
         self.cordoned: dict[str, float] = {}
+        self.drained: dict[str, float] = {}
+        self.read_to = 0  # how far slurmctld's log has been read
         self.stop = threading.Event()
         threading.Thread(target=self._watch, daemon=True, name="node-watch").start()
 
     def _watch(self) -> None:
+        """Nodes as plain JSON, the watch resumed where it stopped: the observer shares the 2 cores
+        with what it measures, and a model object per kubelet heartbeat (or a relist of the fleet
+        every few seconds) would slow that down."""
         core = k8s_client.CoreV1Api(self.api)
+        version: str | None = None
         while not self.stop.is_set():
             try:
-                for event in watch.Watch().stream(core.list_node, timeout_seconds=5):
-                    node = event["object"]
-                    if node.spec and node.spec.unschedulable:
-                        self.cordoned.setdefault(node.metadata.name, time.time())
-            except Exception:  # a broken watch is opened again
+                if version is None:
+                    listed = json.loads(core.list_node(_preload_content=False).data)
+                    for node in listed["items"]:
+                        self._saw(node)
+                    version = listed["metadata"]["resourceVersion"]
+                stream = watch.Watch()
+                for event in stream.stream(core.list_node, resource_version=version, timeout_seconds=30,
+                                           deserialize=False):
+                    self._saw(event["object"])
+                    version = event["object"].get("metadata", {}).get("resourceVersion", version)
+            except Exception:  # a broken or expired watch lists again
+                version = None
                 time.sleep(0.1)
 
+    def _saw(self, node: dict[str, Any]) -> None:
+        if (node.get("spec") or {}).get("unschedulable"):
+            self.cordoned.setdefault(node["metadata"]["name"], time.time())
+
     def slurm_out(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for stamp, node, _ in SLURM_OUT.findall(self.slurm_log.read_text()):
-            out.setdefault(node, datetime.fromisoformat(stamp).timestamp())
-        return out
+        """Nodes slurmctld set DRAIN or DOWN, and when (its log read on from where it was left)."""
+        with self.slurm_log.open("rb") as log:
+            log.seek(self.read_to)
+            new = log.read()
+        complete = new[:new.rfind(b"\n") + 1]  # a line being written is read next time
+        self.read_to += len(complete)
+        for stamp, node, _ in SLURM_OUT.findall(complete.decode(errors="replace")):
+            self.drained.setdefault(node, datetime.fromisoformat(stamp).timestamp())
+        return self.drained
 
     async def wait(self, nodes: list[str], timeout_s: float = 60) -> dict[str, float]:
         """When each of `nodes` was out of service in both systems."""

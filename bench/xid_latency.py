@@ -10,7 +10,12 @@ Runs are left open between rounds: each waits for a replacement that does not co
 benchmark's time, as a real one takes minutes.
 
 Cases:
-- `sequential`: one alert at a time;
+- `sequential`: one alert at a time, each sent once the one before has settled (it waits for its
+  replacement, as the 1,000 of `in_flight` do): the latency of an alert on a quiet fleet, against
+  the floor measured on the same quiet server;
+- `back_to_back`: one alert at a time, each sent as soon as the one before is out of service,
+  while that run goes on with its lease, drain and replacement request beside the new alert's
+  protective step (on 2 cores, that run's follow-up takes as much CPU as the new alert);
 - `concurrent`: 50 nodes alerting at once;
 - `in_flight`: 50 new alerts at once while 1,000 runs are in flight (each waiting for its
   node's replacement).
@@ -50,6 +55,8 @@ from bench.stats import percentile
 from bench.world import CLUSTER, QUEUE, BenchWorld, cpu_seconds
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import NodeRunbookInput
+
+WAITING = 'FleetStep = "wait for node Ready"'
 
 # --- the floor: a trivial workflow with one activity, on the same server ----------------------------
 
@@ -155,15 +162,36 @@ def summary(latencies: list[float], target_s: float | None = None) -> dict[str, 
     return out
 
 
+async def settled(client: Client, nodes: list[str], timeout_s: float = 120) -> None:
+    """Until the runs for `nodes` wait for their replacements: lease, drain and provider request done."""
+    names = ", ".join(f'"{n}"' for n in nodes)
+    query = f'FleetNode IN ({names}) AND {WAITING}'
+    deadline = time.monotonic() + timeout_s
+    while (await client.count_workflows(query)).count < len(nodes):
+        if time.monotonic() > deadline:
+            raise SystemExit(json.dumps({"error": f"the runs for {len(nodes)} node(s) did not all reach "
+                                                  f"'wait for node Ready' within {timeout_s:g} s"}))
+        await asyncio.sleep(0.05)
+
+
+async def quietly(world: BenchWorld, node: str) -> float:
+    """One alert on a quiet fleet: its latency, once its run has settled."""
+    latency = (await round_of(world, [node]))[0]
+    await settled(world.client, [node])
+    return latency
+
+
 async def in_flight(client: Client, count: int, nodes: list[str]) -> float:
     """Start `count` runs (directly, untimed) and wait until they all wait for their replacement."""
+    # The runs of the rounds before wait there too: count these on top of them.
+    query = f'FleetCluster = "{CLUSTER}" AND {WAITING}'
+    already = (await client.count_workflows(query)).count
     began = time.monotonic()
     for start in range(0, count, 100):
         await asyncio.gather(*(client.start_workflow(
             "xid-recovery", NodeRunbookInput(cluster=CLUSTER, node=n, gpu=0, xid=79),
             id=node_workflow_id("xid-recovery", CLUSTER, n), task_queue=QUEUE) for n in nodes[start:start + 100]))
-    query = f'FleetCluster = "{CLUSTER}" AND FleetStep = "wait for node Ready"'
-    while (await client.count_workflows(query)).count < count:
+    while (await client.count_workflows(query)).count < already + count:
         if time.monotonic() - began > 1800:
             raise SystemExit(json.dumps({"error": f"{count} runs did not all reach 'wait for node Ready' in 30 min"}))
         await asyncio.sleep(2)
@@ -172,7 +200,7 @@ async def in_flight(client: Client, count: int, nodes: list[str]) -> float:
 
 async def main(sequential: int, concurrent: int, flying: int) -> dict[str, Any]:
     names = {case: [f"gpu-{case}-{i}" for i in range(n)] for case, n in
-             (("s", sequential), ("c", concurrent), ("f", flying), ("l", concurrent))}
+             (("s", sequential), ("b", sequential), ("c", concurrent), ("f", flying), ("l", concurrent))}
     policy = {
         # A budget that admits every run: this measures latency, not the queue the fleet guard would
         # (rightly) form; the replacement never comes within the benchmark.
@@ -182,12 +210,14 @@ async def main(sequential: int, concurrent: int, flying: int) -> dict[str, Any]:
     }
     workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-bench-"))
     async with BenchWorld([n for group in names.values() for n in group], workdir, policy) as world:
-        await round_of(world, ["gpu-f-0"])  # warm-up: worker, webhook, guard (not counted)
+        await quietly(world, "gpu-f-0")  # warm-up: worker, webhook, guard (not counted)
         floor_s = await floor(world.client, sequential)
         floor_together = await floor(world.client, concurrent, at_once=True)
-        one_at_a_time = [(await round_of(world, [n]))[0] for n in names["s"]]
+        one_at_a_time = [await quietly(world, n) for n in names["s"]]
+        back_to_back = [(await round_of(world, [n]))[0] for n in names["b"]]
         traces: list[dict[str, Any]] = []
         together = await round_of(world, names["c"], traces)
+        await settled(world.client, names["c"])
         ramp_s = await in_flight(world.client, flying - 1, names["f"][1:])
         late = await round_of(world, names["l"], traces)
     floor_p99 = percentile(floor_s, 99)
@@ -197,6 +227,9 @@ async def main(sequential: int, concurrent: int, flying: int) -> dict[str, Any]:
         "floor": {**summary(floor_s), "what": "one-activity workflow: start request -> the activity ran"},
         "sequential": {**summary(one_at_a_time, 2 * floor_p99),
                        "p99_over_floor_p99": round(percentile(one_at_a_time, 99) / floor_p99, 2)},
+        "back_to_back": {**summary(back_to_back), "p99_over_floor_p99": round(
+            percentile(back_to_back, 99) / floor_p99, 2), "what": "each alert as soon as the one before is "
+                                                                  "out of service, its run still going"},
         f"floor_concurrent_{concurrent}": {**summary(floor_together),
                                             "what": f"{concurrent} one-activity workflows started together"},
         f"concurrent_{concurrent}": {**summary(together, 1.0), "slowest": traces[0],
