@@ -5,7 +5,6 @@ batch of inference pods and waiting until their replacements are Ready at home."
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +16,7 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.kubernetes import KubernetesActivities, api_errors
+from activities.kubernetes import KubernetesActivities
 from activities.kueue import KueueActivities, admitted, assigned_gpus
 from fleetmedic.models import EvictionReport, Operator, PodProblem, Taint
 from fleetmedic.policy import TrafficPolicy
@@ -52,22 +51,15 @@ class TrafficActivities:
     def snapshot(self) -> TrafficSnapshot:
         return self.read()
 
-    def _raw(self, what: str, call: Callable[..., Any], **kwargs: Any) -> list[dict[str, Any]]:
-        """A list call as plain JSON: the client's model objects cost milliseconds per pod, and these
-        lists are read every poll."""
-        with api_errors(what):
-            response = call(_preload_content=False, _request_timeout=self.k8s.timeout, **kwargs)
-        return list(json.loads(response.data).get("items") or [])
-
     def read(self, light: bool = False) -> TrafficSnapshot:
         """`light`: only inference pods (no GPU accounting, no training) — enough to count replicas."""
         policy, gpu = self.traffic, self.k8s.policy.labels.gpu_resource
         overflow = Taint.parse(policy.overflow_taint)
         core = self.k8s.core
-        nodes = self._raw("list nodes", core.list_node)
-        pods = self._raw("list pods", core.list_pod_for_all_namespaces,
+        nodes = self.k8s.raw_list("list nodes", core.list_node)
+        pods = self.k8s.raw_list("list pods", core.list_pod_for_all_namespaces,
                          **({"label_selector": policy.inference_selector} if light else {}))
-        deployments = self._raw("list inference Deployments",
+        deployments = self.k8s.raw_list("list inference Deployments",
                                 client.AppsV1Api(core.api_client).list_deployment_for_all_namespaces,
                                 label_selector=policy.inference_selector)
 
@@ -77,7 +69,7 @@ class TrafficActivities:
         # The opt-out of what migrate-back would evict: the Deployment's label, or its namespace's.
         opt_out = self.k8s.policy.labels.opt_out
         opted_out_namespaces = set() if light else {
-            n["metadata"]["name"] for n in self._raw("list opted-out namespaces", core.list_namespace,
+            n["metadata"]["name"] for n in self.k8s.raw_list("list opted-out namespaces", core.list_namespace,
                                                      label_selector=opt_out)}
 
         virtual = {n["metadata"]["name"] for n in nodes if label_selector_matches(policy.virtual_node_selector,

@@ -16,6 +16,7 @@ from devstack.standins import AgentStandIn, ProviderStandIn
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.lemon import remediations, with_remediation
 from fleetmedic.models import Alert, EscalationAnswer, NodeRunbookInput, RunbookStatus
+from tests.gate_check import scheduled
 from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy, settings_for, worker_for
 from tests.runbook_stack import Stack, status_when
 from workers.audit import render_markdown, timeline
@@ -296,9 +297,12 @@ async def test_the_lemon_count_survives_temporal_retention(stack: Stack) -> None
     node = stack.node("gpu-node-1")
     node["metadata"]["annotations"]["fleetmedic.io/remediations"] = record
     stack.kube.emulator.put(node)
-    report, _ = await stack.run("gpu-node-1", policy=policy)
+    report, handle = await stack.run("gpu-node-1", policy=policy)
     assert report.outcome == "lemon", report.decisions
     assert [r["action"] for r in stack.provider.accepted()] == ["rma"]
+    # The record was read with the protective step's one read of the node, not by a read of its own.
+    steps = [(name, step) for name, step, _ in scheduled(await handle.fetch_history())]
+    assert ("k8s.get_node", "lemon check") not in steps and steps[0] == ("protect.node", "protect"), steps
     runs = remediations(stack.node("gpu-node-1")["metadata"]["annotations"]["fleetmedic.io/remediations"])
     assert len(runs) == 3 and runs[-1][1] not in ("run-past-retention-1", "run-past-retention-2")
 

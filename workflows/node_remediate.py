@@ -88,8 +88,12 @@ class RemediateSteps(NodeRunbookBase):
         since = workflow.now() - self.policy.lemon.window
         before = await self.call("lemon check", refs.COUNT_REMEDIATIONS, (self.cluster, self.node, since)) or 0
         if self.patched("lemon-count-on-node"):
-            # The node's own record outlives Temporal's retention of closed runs.
-            node = await self.call("lemon check", refs.GET_NODE, self.node)
+            # The node's own record outlives Temporal's retention of closed runs. The protective step
+            # read it a moment ago (before its cordon added this run, which the count leaves out):
+            # patched, a storm's runs take one read of the node each, not two.
+            read = self.protection.node if self.protection is not None else None
+            node = (read if read is not None and self.patched("lemon-count-from-protective-read")
+                    else await self.call("lemon check", refs.GET_NODE, self.node))
             on_node = count_since(node.annotations.get(self.policy.labels.remediations_annotation), since,
                                   exclude_run=workflow.info().run_id) if node else 0
             before = lemon_count(before, on_node)
