@@ -58,10 +58,10 @@ class TrafficActivities:
         core = self.k8s.core
         nodes = self.k8s.raw_list("list nodes", core.list_node)
         pods = self.k8s.raw_list("list pods", core.list_pod_for_all_namespaces,
-                         **({"label_selector": policy.inference_selector} if light else {}))
+                                 **({"label_selector": policy.inference_selector} if light else {}))
         deployments = self.k8s.raw_list("list inference Deployments",
-                                client.AppsV1Api(core.api_client).list_deployment_for_all_namespaces,
-                                label_selector=policy.inference_selector)
+                                        client.AppsV1Api(core.api_client).list_deployment_for_all_namespaces,
+                                        label_selector=policy.inference_selector)
 
         def labels(obj: dict[str, Any]) -> dict[str, str]:
             return dict(obj["metadata"].get("labels") or {})
@@ -70,7 +70,7 @@ class TrafficActivities:
         opt_out = self.k8s.policy.labels.opt_out
         opted_out_namespaces = set() if light else {
             n["metadata"]["name"] for n in self.k8s.raw_list("list opted-out namespaces", core.list_namespace,
-                                                     label_selector=opt_out)}
+                                                             label_selector=opt_out)}
 
         virtual = {n["metadata"]["name"] for n in nodes if label_selector_matches(policy.virtual_node_selector,
                                                                                  labels(n))}
