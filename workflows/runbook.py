@@ -364,6 +364,7 @@ class Runbook:
             raise DryRunEnded(step, error)
         self.escalation = Escalation(step=step, error=error, since=workflow.now())
         self.escalation_answer = None
+        self.show_details()  # now, not once the Slack call below is done: a query in between sees both
         mention = self.policy.escalation.slack_mention if self.policy else None
         reminder = self.policy.escalation.reminder if self.policy else timedelta(hours=1)
         self.decide(step, f"escalated: {error}")
