@@ -214,7 +214,6 @@ class NodeRunbookBase(Runbook):
             return
         self.awaiting_approval = step
         self.approval = None
-        self.show_details()  # before the Slack call below, as the escalation's (workflows/runbook.py)
         self.decide(step, f"waiting for approval: {why}")
         await self.say(f":raised_hand: *{step}* of `{self.node}` needs approval ({why}): "
                        f"`fleetmedic approve {self.workflow_id}` or `fleetmedic reject {self.workflow_id} --reason …`",

@@ -106,7 +106,7 @@ class Runbook:
         self.paused: Operator | None = None
         self.abort_request: Operator | None = None
         self.abort_honoured = False  # raised once: what follows (the outcome, recovery) must still run
-        self.escalation: Escalation | None = None
+        self._escalation: Escalation | None = None
         self.escalation_answer: EscalationAnswer | None = None
         self.replaced_signal: Replaced | None = None
         self.skipped = 0  # steps an operator answered `skip` (their call returned None)
@@ -123,7 +123,7 @@ class Runbook:
         self.thread_task: asyncio.Future[NotifyResult] | None = None
         self.thread_text: str | None = None  # a thread held back until the protective step is done
         self.lease_answer: LeaseAnswer | None = None
-        self.awaiting_approval: str | None = None
+        self._awaiting_approval: str | None = None
         self.approval: tuple[str, Approval] | None = None  # ("approve" | "reject", who and why)
         self.fleet_paused: Operator | None = None  # the fleet guard's global pause
 
@@ -134,6 +134,26 @@ class Runbook:
     @waiting_for.setter
     def waiting_for(self, what: str | None) -> None:
         self._waiting_for = what
+        self.show_details()
+
+    # An escalation and an approval wait show in the details as soon as they are set: a runbook
+    # sets one, then calls Slack, then waits, and a query in between must not see the old details.
+    @property
+    def escalation(self) -> Escalation | None:
+        return self._escalation
+
+    @escalation.setter
+    def escalation(self, escalation: Escalation | None) -> None:
+        self._escalation = escalation
+        self.show_details()
+
+    @property
+    def awaiting_approval(self) -> str | None:
+        return self._awaiting_approval
+
+    @awaiting_approval.setter
+    def awaiting_approval(self, step: str | None) -> None:
+        self._awaiting_approval = step
         self.show_details()
 
     def show_details(self) -> None:
@@ -364,7 +384,6 @@ class Runbook:
             raise DryRunEnded(step, error)
         self.escalation = Escalation(step=step, error=error, since=workflow.now())
         self.escalation_answer = None
-        self.show_details()  # now, not once the Slack call below is done: a query in between sees both
         mention = self.policy.escalation.slack_mention if self.policy else None
         reminder = self.policy.escalation.reminder if self.policy else timedelta(hours=1)
         self.decide(step, f"escalated: {error}")
