@@ -17,12 +17,14 @@ class ConfigActivities:
         self.context = context
         self.force_dry_run = force_dry_run
 
+    # Coroutines: local activities run in every run's first workflow task, right before its
+    # protective step, and must not wait for a thread of the pool the runs' other steps hold.
     @activity.defn(name="config.context")
-    def get_context(self) -> RunContext:
+    async def get_context(self) -> RunContext:
         return self.context
 
     @activity.defn(name="config.policy")
-    def get_policy(self) -> Policy:
+    async def get_policy(self) -> Policy:
         if self.force_dry_run:
             # FLEETMEDIC_DRY_RUN on the worker: every runbook it runs is in shadow mode.
             return self.policy.model_copy(update={"shadow": self.policy.shadow.model_copy(

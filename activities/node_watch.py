@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +41,13 @@ class NodeWatch:
         self._thread: threading.Thread | None = None
         self.synced = threading.Event()
         self.last_error = ""
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        """No list or watch after this: a worker stopped inside a process that goes on (the embedded
+        dev stack, a test session) must not keep renewing its watch against the API for ever. The
+        watch open now ends at its next event or its window, whichever comes first."""
+        self._stopped.set()
 
     def _start(self) -> None:
         with self._lock:
@@ -50,21 +56,17 @@ class NodeWatch:
                 self._thread.start()
 
     def _run(self) -> None:
-        while True:
+        while not self._stopped.is_set():
             try:
                 core = self._core()
-                listed = core.list_node(_request_timeout=self.timeout_s)
-                with self._lock:
-                    self._nodes = {n.metadata.name: self._to_info(n) for n in listed.items}
-                    everyone = list(self._waiters)
-                self.synced.set()
-                self._notify(everyone)
-                version = listed.metadata.resource_version
-                while True:
+                version = self._list(core)
+                while not self._stopped.is_set():
                     # Events as plain JSON: every kubelet heartbeat of the fleet arrives here.
                     stream = watch.Watch().stream(core.list_node, resource_version=version, timeout_seconds=WATCH_S,
                                                   _request_timeout=WATCH_S + self.timeout_s, deserialize=False)
                     for event in stream:
+                        if self._stopped.is_set():
+                            break  # closes the watch's connection
                         node = event["object"]
                         if event["type"] == "ERROR":  # 410 Gone: list again
                             raise RuntimeError(f"watch error: {node.get('message', node)}")
@@ -81,7 +83,18 @@ class NodeWatch:
             except Exception as exc:  # 410 Gone, a broken connection, the API down: list again
                 self.last_error = str(exc)[:300]
                 log.debug("node watch: %s; listing again", exc)
-                time.sleep(1)
+                self._stopped.wait(1)
+
+    def _list(self, core: client.CoreV1Api) -> str:
+        """Every node's state, from one list; the resourceVersion to watch from. The list's client
+        objects go once read (a 5,000-node list is tens of MB, for the watch's whole life before)."""
+        listed = core.list_node(_request_timeout=self.timeout_s)
+        with self._lock:
+            self._nodes = {n.metadata.name: self._to_info(n) for n in listed.items}
+            everyone = list(self._waiters)
+        self.synced.set()
+        self._notify(everyone)
+        return str(listed.metadata.resource_version)
 
     def _notify(self, names: list[str]) -> None:
         with self._lock:

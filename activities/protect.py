@@ -10,13 +10,17 @@ In a storm the reads that are the same for every node (the opted-out pods, Slurm
 the Slurm node reads are shared by the runs asking at once (activities/shared_reads.py): slurmctld
 answers one request at a time, and 50 nodes failing together would otherwise queue 150 of them.
 
-One activity for read and write, on its own task queue (`RunContext.protective_queue`) with
-its own slots: no backlog of drains, evictions or watches on the worker's main queue can hold a
-new alert's cordon up.
+One activity for read and write. Runbooks run it as a local activity inside their workflow task,
+on the worker that holds the run: no round trip through the server, no task queue to wait in.
+Runs recorded before that run it on its own task queue (`RunContext.protective_queue`), which
+every worker still serves. Either way it runs on threads of its own (`slots` of them, and twice
+that for the calls it makes side by side), never the worker's activity pool: no backlog of
+drains, evictions or watches can hold a new alert's cordon up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,22 +47,30 @@ T = TypeVar("T")
 
 
 class ProtectiveActivities:
-    def __init__(self, kubernetes: KubernetesActivities, slurm: SlurmActivities, *, threads: int = 8) -> None:
+    def __init__(self, kubernetes: KubernetesActivities, slurm: SlurmActivities, *, slots: int = 8) -> None:
         self.kubernetes = kubernetes
         self.slurm = slurm
-        # Kubernetes and Slurm are asked side by side; each call keeps its own timeout.
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fleetmedic-protect")
+        # One thread per protective step at once, and twice that for the calls each makes side by
+        # side (Kubernetes and Slurm are asked together; each call keeps its own timeout).
+        self.steps = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="fleetmedic-protective")
+        self.pool = ThreadPoolExecutor(max_workers=2 * slots, thread_name_prefix="fleetmedic-protect")
 
     def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         # The activity's context (its info, for the remediation record) goes with the call.
         return self.pool.submit(contextvars.copy_context().run, fn, *args)
 
     @activity.defn(name="protect.node")
-    def protect_node(self, request: ProtectRequest) -> Protection:
+    async def protect_node(self, request: ProtectRequest) -> Protection:
         """Read the node, its opt-out and its Slurm jobs; unless it is opted out (or missing), cordon
         or taint it and set it DRAIN in Slurm, together. Idempotent: a retry finds it done.
         The writes wait for the opt-out only: the jobs (a slower read) are collected after them.
-        Its Kubernetes requests take the protective rate-limit bucket (activities/kube_client.py)."""
+        Its Kubernetes requests take the protective rate-limit bucket (activities/kube_client.py).
+        A coroutine whose work runs on the step's own threads: as a local activity it never
+        waits for a thread of the worker's activity pool, which the runs' other steps hold."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.steps, contextvars.copy_context().run, self._in_lane, request)
+
+    def _in_lane(self, request: ProtectRequest) -> Protection:
         with protective_lane():
             return self._protect(request)
 

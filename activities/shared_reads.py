@@ -10,6 +10,9 @@ starts at once); and a storm costs about two reads per burst instead of one per 
 
 Bounded: a read answers at most `max_keys` keys (the rest join the next one), and each caller waits
 for at most the read in flight and its own, both under the reader's own timeout.
+
+Idempotent writes share the same way (Slurm's node updates: `SlurmCli.update_nodes`): the "read"
+does every write of its batch and answers each caller with its own error, if any.
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ from pathlib import Path
 
 import httpx
 import yaml
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -45,6 +44,7 @@ from devstack.dev import temporal_binary
 from devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds, missing_binaries
 from devstack.kube_world import RealKube
 from devstack.webhook_thread import WebhookThread
+from fleetmedic.converter import data_converter
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from fleetmedic.policy import RoutingPolicy, parse_policy
 from fleetmedic.settings import Settings
@@ -194,7 +194,7 @@ async def start_floor(env: WorkflowEnvironment, count: int) -> float:
 
 async def main(alerts: int, nodes: int, senders: int, burst_nodes: int) -> dict[str, object]:
     env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(),
-                                                data_converter=pydantic_data_converter,
+                                                data_converter=data_converter,
                                                 search_attributes=SEARCH_ATTRIBUTES, dev_server_log_level="error")
     workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-storm-"))
     try:

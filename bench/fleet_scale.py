@@ -36,7 +36,6 @@ from typing import Any
 import httpx
 import yaml
 from kubernetes import client as k8s_client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -47,6 +46,7 @@ from devstack.dev import temporal_binary
 from devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds
 from devstack.kube_world import RealKube
 from devstack.standins import ProviderStandIn
+from fleetmedic.converter import data_converter
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from fleetmedic.policy import RoutingPolicy, parse_policy
 from workers.webhook import AlertReceiver, available_runbooks
@@ -78,7 +78,7 @@ async def main(nodes: int, failing: int, replace_s: float, max_per_hour: int) ->
     names = [f"gpu-{i:04d}" for i in range(nodes)]
     bad = names[:: nodes // failing][:failing]
     env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(),
-                                                data_converter=pydantic_data_converter,
+                                                data_converter=data_converter,
                                                 search_attributes=SEARCH_ATTRIBUTES, dev_server_log_level="error")
     worker: subprocess.Popen[bytes] | None = None
     try:

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import yaml
 from temporalio import workflow
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -32,6 +31,7 @@ from bench.stats import percentile
 from devstack import fleet
 from devstack.dev import temporal_binary
 from devstack.kube_emulator import KubeEmulatorThread
+from fleetmedic.converter import data_converter
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from fleetmedic.models import LeaseAnswer, LeaseRequest
 from fleetmedic.policy import parse_policy
@@ -80,7 +80,7 @@ async def probes(env: WorkflowEnvironment, count: int, concurrent: int, cluster:
 async def main(count: int, concurrent: int) -> dict[str, object]:
     workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-guard-bench-"))
     env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(),
-                                                data_converter=pydantic_data_converter,
+                                                data_converter=data_converter,
                                                 search_attributes=SEARCH_ATTRIBUTES, dev_server_log_level="error")
     try:
         with KubeEmulatorThread() as kube:

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import yaml
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -31,6 +30,7 @@ from devstack import fleet
 from devstack.dev import temporal_binary
 from devstack.kube_emulator import KubeEmulatorThread
 from devstack.replicas import deployment, replica_controller, virtual_node
+from fleetmedic.converter import data_converter
 from fleetmedic.ids import SEARCH_ATTRIBUTES, cluster_workflow_id
 from fleetmedic.models import RunbookStatus
 from fleetmedic.policy import parse_policy
@@ -99,7 +99,7 @@ async def one_run(env: WorkflowEnvironment, workdir: Path, pods: int, batch: int
 async def main(pods: int, batches: list[int]) -> dict[str, object]:
     workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-migrate-bench-"))
     env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(),
-                                                data_converter=pydantic_data_converter,
+                                                data_converter=data_converter,
                                                 search_attributes=SEARCH_ATTRIBUTES, dev_server_log_level="error")
     try:
         runs = [await one_run(env, workdir, pods, batch) for batch in batches]

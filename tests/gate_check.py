@@ -13,6 +13,8 @@ from typing import Any
 
 from temporalio.client import WorkflowHistory
 
+from workers.audit import local_activity
+
 
 def _always(_: dict[str, Any]) -> bool:
     return True
@@ -57,13 +59,17 @@ SAFE = {
 
 
 def scheduled(history: WorkflowHistory) -> list[tuple[str, str, dict[str, Any]]]:
-    """(activity type, step, first argument) of each activity the run scheduled, in order."""
+    """(activity type, step, first argument) of each activity the run scheduled, in order — and of
+    each it ran as a local activity inside a workflow task (the protective step, the configuration
+    reads), whose argument the history does not keep ({})."""
     out = []
     for event in history.events:
+        summary = json.loads(event.user_metadata.summary.data) if event.user_metadata.summary.data else ""
+        if (ran := local_activity(event)) is not None:
+            out.append((ran["type"], str(summary).split(":")[0], {}))
         if not event.HasField("activity_task_scheduled_event_attributes"):
             continue
         attributes = event.activity_task_scheduled_event_attributes
-        summary = json.loads(event.user_metadata.summary.data) if event.user_metadata.summary.data else ""
         payloads = attributes.input.payloads
         arg = json.loads(payloads[0].data) if payloads else None
         out.append((attributes.activity_type.name, str(summary).split(":")[0], arg if isinstance(arg, dict) else {}))

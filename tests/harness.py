@@ -40,6 +40,13 @@ while true; do sleep 0.2; done
 """
 
 
+def own_taints(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """A node's taints less the node lifecycle controller's (node.kubernetes.io/not-ready and the
+    like, which come and go with the Ready condition on a real control plane: a kwok heartbeat
+    late on a busy machine is enough)."""
+    return [t for t in node["spec"].get("taints") or [] if not t["key"].startswith("node.kubernetes.io/")]
+
+
 def run_activity(fn: Any, *args: Any) -> Any:
     """Run one activity (sync or async) in Temporal's activity test context (heartbeats work)."""
     result = ActivityEnvironment().run(fn, *args)

@@ -23,7 +23,7 @@ from devstack.standins import AgentStandIn, ProviderStandIn, SlackStandIn
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import NodeRunbookInput, RunbookStatus
 from fleetmedic.policy import Policy
-from tests.harness import quick_policy, settings_for, worker_for
+from tests.harness import own_taints, quick_policy, settings_for, worker_for
 
 # What each node runbook needs in its input to take the remediation path.
 START = {
@@ -118,10 +118,8 @@ class Stack:
         return obj
 
     def taints(self, name: str) -> list[dict[str, Any]]:
-        """The node's taints less the node lifecycle controller's (node.kubernetes.io/not-ready and
-        the like, which come and go with the Ready condition on a real control plane)."""
-        return [t for t in self.node(name)["spec"].get("taints") or []
-                if not t["key"].startswith("node.kubernetes.io/")]
+        """The node's taints less the node lifecycle controller's."""
+        return own_taints(self.node(name))
 
     def node_writes(self, name: str) -> list[Any]:
         return [r for r in self.kube.emulator.mutations() if r.url.path == f"/api/v1/nodes/{name}"]

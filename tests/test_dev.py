@@ -75,9 +75,9 @@ async def _wait_for_worker(proc: subprocess.Popen[str], port: int, ui_port: int,
                 namespace="default", task_queue=TaskQueue(name="fleetmedic"),
                 task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW))
             if ui.status_code == 200 and pollers.pollers:
-                from temporalio.contrib.pydantic import pydantic_data_converter
+                from fleetmedic.converter import data_converter
 
-                return await Client.connect(f"127.0.0.1:{port}", data_converter=pydantic_data_converter)
+                return await Client.connect(f"127.0.0.1:{port}", data_converter=data_converter)
         except (httpx.HTTPError, RuntimeError):
             pass
         await asyncio.sleep(0.5)

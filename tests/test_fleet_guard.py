@@ -12,7 +12,6 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.worker import Replayer
 
@@ -21,6 +20,7 @@ from devstack.controllers import provider_controller
 from devstack.kube_emulator import KubeEmulatorThread
 from devstack.kube_world import RealKube
 from devstack.standins import ProviderStandIn, SlackStandIn
+from fleetmedic.converter import data_converter
 from fleetmedic.ids import guard_workflow_id, node_workflow_id
 from fleetmedic.models import (
     EscalationAnswer,
@@ -32,7 +32,7 @@ from fleetmedic.models import (
     RunbookStatus,
 )
 from tests.harness import quick_policy, settings_for, worker_for
-from tests.runbook_stack import status_when
+from tests.runbook_stack import save_history, status_when
 from workers.worker import build_worker
 from workflows.fleet_guard import NEAR, FleetGuard, worth_telling
 
@@ -100,14 +100,27 @@ async def guard_state(client: Client, cluster: str) -> GuardState:
     raise AssertionError("the fleet guard never started")
 
 
+async def guard_counts(client: Client, cluster: str, count: int, field: str, what: str) -> None:
+    """Until the guard's `field` (holders, queue) has `count` entries: bounded, so a hang fails here
+    saying how far it got."""
+    deadline = asyncio.get_running_loop().time() + 120
+    while len(got := getattr(await guard_state(client, cluster), field)) < count:
+        assert asyncio.get_running_loop().time() < deadline, f"{len(got)} of {count} {what} after 120 s"
+        await asyncio.sleep(0.2)
+
+
 async def replay_guard_runs(client: Client, cluster: str) -> int:
     """Replay every run of the cluster's guard against the current code, as a worker does after a
     restart or a cache eviction: a run that cannot replay would hang on its next workflow task."""
-    replayer = Replayer(workflows=[FleetGuard], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[FleetGuard], data_converter=data_converter)
     runs = [w async for w in client.list_workflows(f'WorkflowId = "{guard_workflow_id(cluster)}"')]
     for run in runs:
         history = await client.get_workflow_handle(run.id, run_id=run.run_id).fetch_history()
-        await replayer.replay_workflow(history)
+        try:  # bounded: a replay that never returns fails here, naming the run, not the whole suite
+            await asyncio.wait_for(replayer.replay_workflow(history), 60)
+        except TimeoutError:
+            raise AssertionError(f"the replay of guard run {run.run_id} ({len(history.events)} events, last "
+                                 f"{history.events[-1].event_type}) did not return in 60 s") from None
     return len(runs)
 
 
@@ -195,8 +208,7 @@ async def test_a_guard_that_continues_as_new_tells_no_holder_again(client: Clien
     async with build_worker(client, settings, policy.serving(cluster), workflows=[FleetGuard, LeaseHolder]):
         holders = [await client.start_workflow(LeaseHolder.run, args=[cluster, True], id=f"{cluster}-holder-{i}",
                                                task_queue=task_queue) for i in range(30)]
-        while len((await guard_state(client, cluster)).holders) < 30:
-            await asyncio.sleep(0.2)
+        await guard_counts(client, cluster, 30, "holders", "holders")
         # More lease traffic, so the guard continues-as-new while the 30 hold theirs.
         passing = [await client.start_workflow(LeaseHolder.run, args=[cluster, False], id=f"{cluster}-passing-{i}",
                                                task_queue=task_queue) for i in range(20)]
@@ -214,6 +226,48 @@ async def test_a_guard_that_continues_as_new_tells_no_holder_again(client: Clien
         assert (await guard_state(client, cluster)).holders == []
         # Every run of the guard replays (each continued-as-new one, and the one still open).
         assert await replay_guard_runs(client, cluster) >= len(runs)
+
+
+async def test_a_round_of_grants_goes_out_a_batch_a_workflow_task(client: Client, task_queue: str,
+                                                                  kube: KubeEmulatorThread,
+                                                                  provider_http: ProviderStandIn,
+                                                                  tmp_path: Path) -> None:
+    """A round's signals (grants first, then places in line) go out `budget.guard_signals_per_task`
+    to a workflow task, the rest in the tasks after. 5,000 runs in flight on one busy worker
+    (bench/worker_scale.py) once had the guard send a round's thousands in one task: it ran past the
+    SDK's 2 s deadlock timeout, failed again on every retry and replay, and no lease came again.
+    Here 21 grants in one round (a pause lifted over a line of 20), at most 4 signals a task."""
+    for i in range(30):
+        kube.emulator.put(fleet.node(f"gpu-{i}"))
+    policy = guard_policy(tmp_path, provider_http, max_concurrent=100, max_unavailable_fraction=1.0,
+                          guard_history_events=5000, guard_signals_per_task=4)
+    cluster = task_queue
+    guard = client.get_workflow_handle(guard_workflow_id(cluster))
+    settings = settings_for(task_queue, kube, provider=provider_http)
+    async with build_worker(client, settings, policy.serving(cluster), workflows=[FleetGuard, LeaseHolder]):
+        first = await client.start_workflow(LeaseHolder.run, args=[cluster, True], id=f"{cluster}-holder-first",
+                                            task_queue=task_queue)
+        await guard_counts(client, cluster, 1, "holders", "holders")
+        await guard.signal("pause", Operator(by="dana", reason="change freeze"))
+        line = [await client.start_workflow(LeaseHolder.run, args=[cluster, False], id=f"{cluster}-line-{i}",
+                                            task_queue=task_queue) for i in range(20)]
+        await guard_counts(client, cluster, 20, "queue", "in line")
+        await guard.signal("resume", Operator(by="dana"))
+        # Everyone in line is granted (and gives the lease back), the first holder keeps its own.
+        await asyncio.wait_for(asyncio.gather(*(h.result() for h in line)), 120)
+        await first.signal(LeaseHolder.done)
+        await asyncio.wait_for(first.result(), 60)
+        # Counted in the guard's history: the signals each of its workflow tasks sent.
+        per_task: list[int] = []
+        async for event in guard.fetch_history_events():
+            if event.HasField("workflow_task_completed_event_attributes"):
+                per_task.append(0)
+            elif event.HasField("signal_external_workflow_execution_initiated_event_attributes"):
+                per_task[-1] += 1
+        assert max(per_task) == 4, per_task  # the resumed round filled its tasks, and no more
+        assert sum(per_task) >= 1 + 21, per_task  # the first grant, then the resumed round's
+        await save_history(guard)
+        assert await replay_guard_runs(client, cluster) == 1
 
 
 async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Client, task_queue: str,

@@ -122,8 +122,14 @@ async def test_a_node_taken_out_lowers_the_quota_and_its_return_restores_it(stac
     # The return asked for a sync too; a worker picks it up (the runbook's worker is gone by now).
     async with worker_for(stack.client, settings_for(stack.task_queue, stack.kube), policy):
         await asyncio.to_thread(wait_quota, stack.kube, 8 * len(nodes))
-    events = [e for e in stack.kube.emulator.list("v1", "Event") if e["reason"] == "FleetMedicQuotaSynced"]
-    assert {e["involvedObject"]["kind"] for e in events} == {"ClusterQueue"} and len(events) >= 2
+        # The sync records its Event in the step after the quota's write: wait for it with the worker up.
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(events := [e for e in stack.kube.emulator.list("v1", "Event")
+                             if e["reason"] == "FleetMedicQuotaSynced"]) < 2:
+            assert asyncio.get_running_loop().time() < deadline, events
+            await asyncio.sleep(0.2)
+    assert {e["involvedObject"]["kind"] for e in events} == {"ClusterQueue"}
+    assert {e["message"].split(":")[0] for e in events} == {"GPU quota h100 24 → 16", "GPU quota h100 16 → 24"}
     assert any("Kueue quota of `training`" in m["text"] for m in stack.slack.messages)
 
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from temporalio import workflow
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 from temporalio.workflow import NondeterminismError
 
+from fleetmedic.converter import data_converter
 from fleetmedic.models import RunbookStatus
 from workflows.registry import WORKFLOWS
 from workflows.xid_recovery import XidRecovery
@@ -39,7 +39,7 @@ def load(path: Path) -> WorkflowHistory:
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_saved_history_replays(path: Path) -> None:
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter, workflow_runner=STRICT)
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, workflow_runner=STRICT)
     await replayer.replay_workflow(load(path))
 
 
@@ -72,7 +72,14 @@ def test_there_are_histories_to_replay() -> None:
                                            "nvlink-fault-replace-patches-decided-first",
                                            "migrate-back-patches-decided-first",
                                            # the lemon count reads the protective step's read of the node (#20)
-                                           "xid-recovery-lemon-from-protective-read"}
+                                           "xid-recovery-lemon-from-protective-read",
+                                           # the protective step a local activity in the run's workflow
+                                           # task, the second fold of patches (#20)
+                                           "xid-recovery-protective-local-activity",
+                                           "hot-gpu-pull-protective-local-activity",
+                                           "nvlink-fault-replace-protective-local-activity",
+                                           # the fleet guard's signals, a batch a workflow task (#20)
+                                           "fleet-guard-signals-in-batches"}
 
 
 @workflow.defn(name="xid-recovery", sandboxed=False)
@@ -89,7 +96,7 @@ class ReorderedXidRecovery(XidRecovery):
 
 
 async def test_an_unguarded_change_is_caught() -> None:
-    replayer = Replayer(workflows=[ReorderedXidRecovery], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[ReorderedXidRecovery], data_converter=data_converter)
     with pytest.raises(NondeterminismError):
         await replayer.replay_workflow(load(HISTORIES[[p.stem for p in HISTORIES].index("xid-recovery-remediated")]))
 
@@ -108,7 +115,7 @@ class ClockedXidRecovery(XidRecovery):
 
 
 async def test_the_strict_sandbox_catches_a_clock_in_workflow_code() -> None:
-    replayer = Replayer(workflows=[ClockedXidRecovery], data_converter=pydantic_data_converter,
+    replayer = Replayer(workflows=[ClockedXidRecovery], data_converter=data_converter,
                         workflow_runner=STRICT)
     with pytest.raises(Exception, match="datetime.datetime.now"):
         await replayer.replay_workflow(load(HISTORIES[[p.stem for p in HISTORIES].index("xid-recovery-remediated")]))

@@ -15,7 +15,7 @@ from temporalio.exceptions import ApplicationError
 from activities.shared_reads import SharedReads
 from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
 from devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
-from fleetmedic.models import RequeueJob, SetSlurmNodeState, SlurmNode, SlurmNodeState
+from fleetmedic.models import ActionResult, RequeueJob, SetSlurmNodeState, SlurmNode, SlurmNodeState
 from tests.conftest import require
 from tests.harness import job_on
 from tests.harness import run_activity as run
@@ -116,13 +116,15 @@ class HeldReads:
 
     def __init__(self, cli: SlurmCli, held: tuple[str, ...]) -> None:
         self.commands: list[tuple[str, ...]] = []
+        self.stdins: list[str | None] = []  # what each command read on its stdin
         self.read_done = threading.Event()
         self.release = threading.Event()
         real = cli._run
 
-        def spy(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        def spy(argv: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
             self.commands.append(tuple(argv))
-            done = real(argv)
+            self.stdins.append(stdin)
+            done = real(argv, stdin)
             if tuple(argv[:len(held)]) == held and not self.read_done.is_set():
                 self.read_done.set()
                 self.release.wait(30)
@@ -176,6 +178,47 @@ def test_runs_asking_at_once_share_one_read_each_read_after_they_asked(slurm: Lo
         else:
             assert isinstance(answer, SlurmNode) and answer.name == name
             assert (answer.reason == REASON) is (name == "gpu-node-1")  # the DRAIN, read after they asked
+
+
+def test_node_updates_asked_at_once_go_through_one_scontrol(slurm: LocalSlurmCluster) -> None:
+    """A storm's DRAINs: the callers who asked while an update ran share one `scontrol` reading their
+    updates from its stdin (a process each costs more than slurmctld's answer), each with its own
+    reason exactly as asked; a lone caller runs `scontrol update` as before."""
+    cli = SlurmCli(str(slurm.conf), timeout_s=10)
+    acts = SlurmActivities(cli)
+    spy = HeldReads(cli, ("scontrol", "update"))
+    reasons = {n: f"fleetmedic: XID 79 on GPU 3 (xid-recovery/test/{n})" for n in ("gpu-node-1", "gpu-node-2")}
+
+    def drain(node: str, reason: str) -> ActionResult:
+        return acts.set_state(SetSlurmNodeState(node=node, state=SlurmNodeState.DRAIN, reason=reason),
+                              SlurmNode(name=node, state="idle"))
+
+    first, answers = behind_held_read(spy, acts.shared_updates, [lambda n=n: drain(n, reasons[n]) for n in reasons],
+                                      lambda: drain("gpu-node-0", REASON))
+    assert first.changed and all(isinstance(a, ActionResult) and a.changed for a in answers), answers
+    assert spy.commands == [("scontrol", "update", "nodename=gpu-node-0", "state=DRAIN", f"reason={REASON}"),
+                            ("scontrol",)]  # the held one alone, then one process for the two asking meanwhile
+    assert spy.stdins[1] is not None and spy.stdins[1].count("update nodename=") == 2
+    for node, reason in {"gpu-node-0": REASON, **reasons}.items():  # as slurmctld has them
+        assert slurm.node_states(node) >= {"DRAIN"} and slurm.node_state(node)[1] == reason
+
+
+def test_a_failed_update_among_others_fails_only_its_caller(slurm: LocalSlurmCluster) -> None:
+    """Any failure in a shared scontrol and each update is done on its own: the others succeed, the
+    bad one gets its own error. A reason scontrol's line parser cannot quote never shares one."""
+    cli = SlurmCli(str(slurm.conf), timeout_s=10)
+    spy = HeldReads(cli, ("never",))
+    quoted = 'fleetmedic: "quoted" = kept as is'
+    updates = [("gpu-node-1", "DRAIN", REASON), ("no-such-node", "DRAIN", REASON), ("gpu-node-2", "DRAIN", quoted),
+               ("gpu-node-0", "DOWN", REASON)]
+    errors = cli.update_nodes(updates)
+    assert list(errors) == [("no-such-node", "DRAIN", REASON)]
+    assert isinstance(errors[updates[1]], ApplicationError) and errors[updates[1]].type == "NotFound"
+    assert spy.commands[0] == ("scontrol",) and spy.stdins[0] is not None and quoted not in spy.stdins[0]
+    assert sorted(argv[2] for argv in spy.commands[1:]) == [  # each again on its own, the quoted one too
+        "nodename=gpu-node-0", "nodename=gpu-node-1", "nodename=gpu-node-2", "nodename=no-such-node"]
+    assert slurm.node_state("gpu-node-2")[1] == quoted and slurm.node_state("gpu-node-1")[1] == REASON
+    assert "DOWN" in slurm.node_states("gpu-node-0")
 
 
 def test_jobs_are_read_once_for_the_runs_asking_together(slurm: LocalSlurmCluster) -> None:

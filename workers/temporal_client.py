@@ -9,10 +9,10 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.common import SearchAttributeIndexedValueType
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import Runtime
 
+from fleetmedic.converter import data_converter
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ async def connect(runtime: Runtime | None = None, **overrides: Any) -> Client:
     """The client, or TemporalUnreachable saying where it looked and what to check."""
     config = {**connect_config(), **overrides}
     try:
-        return await Client.connect(**config, data_converter=pydantic_data_converter, runtime=runtime)
+        return await Client.connect(**config, data_converter=data_converter, runtime=runtime)
     except RuntimeError as exc:
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise TemporalUnreachable(f"cannot reach Temporal at {config['target_host']} (TEMPORAL_ADDRESS or "

@@ -2,9 +2,10 @@
 
 Activities use blocking clients (kubernetes, scontrol, slack-sdk), so they run on a thread pool
 sized by FLEETMEDIC_ACTIVITY_THREADS. The protective step (cordon + Slurm DRAIN of a bad node)
-has a task queue of its own on every worker, `<queue>-protective`, with its own slots
-(FLEETMEDIC_PROTECTIVE_SLOTS): however many runs wait on drains and watches, a new alert's
-cordon never waits for a free slot. SIGTERM/SIGINT shut down gracefully: no new tasks are
+runs as a local activity inside the run's workflow task, on threads of its own
+(FLEETMEDIC_PROTECTIVE_SLOTS): however many runs wait on drains and watches, a new alert's cordon
+never waits for a task queue or a free thread. Runs recorded before run it on `<queue>-protective`,
+which every worker still serves. SIGTERM/SIGINT shut down gracefully: no new tasks are
 polled, running activities get `graceful_shutdown_timeout` to finish, and whatever is cut short
 is retried by Temporal on another worker.
 """
@@ -109,7 +110,7 @@ class Activities:
         context = RunContext(slurm_enabled=slurm_enabled(settings), agent_configured=bool(settings.agent_url),
                              provider=provider.name, provider_supports=sorted(provider.supports),
                              protective_queue=protective_queue(settings), wait_queue=wait_queue(settings))
-        self.protective = ProtectiveActivities(kubernetes, slurm, threads=2 * settings.protective_slots).activities()
+        self.protective = ProtectiveActivities(kubernetes, slurm, slots=settings.protective_slots).activities()
         providers = ProviderActivities(provider, force_dry_run=dry, blocking=blocking)
         traffic = TrafficActivities(kubernetes, settings.prometheus_url)
         self.waits: list[Callable[..., Any]] = [kubernetes.wait_node_ready, kubernetes.evict_pods,
@@ -132,6 +133,7 @@ class Activities:
             TemporalActivities(client, settings.task_queue),
         ]
         self.all = [fn for group in groups for fn in group.activities()] + self.protective
+        self.close = kubernetes.node_watch.stop  # once the pollers have stopped
 
 
 def build_activities(settings: Settings, policy: Policy, client: Client,
@@ -157,8 +159,9 @@ class FleetWorker:
     activity), the protective queue (the protective step, with its own slots) and the waits queue
     (long async waits: no thread each, and never the slots other steps need)."""
 
-    def __init__(self, main: Worker, *others: Worker) -> None:
+    def __init__(self, main: Worker, *others: Worker, on_close: Callable[[], None] = lambda: None) -> None:
         self.workers = (*others, main)
+        self.on_close = on_close
 
     async def __aenter__(self) -> FleetWorker:
         started: list[Worker] = []
@@ -173,7 +176,10 @@ class FleetWorker:
 
     async def __aexit__(self, *exc: Any) -> None:
         # All finish their running activities within the same SHUTDOWN_GRACE, side by side.
-        await asyncio.gather(*(w.__aexit__(*exc) for w in self.workers))
+        try:
+            await asyncio.gather(*(w.__aexit__(*exc) for w in self.workers))
+        finally:
+            self.on_close()
 
 
 # Workflow-task polls a worker may keep open at once (the autoscaler stays between 8 and this).
@@ -186,7 +192,8 @@ WORKFLOW_TASK_SLOTS = 32
 
 
 def protective_pollers(settings: Settings) -> int:
-    """Polls of the protective queue kept open however quiet it has been. Between storms the SDK's
+    """Polls of the protective queue kept open however quiet it has been (runs recorded before the
+    step moved into the workflow task, and their storms, during an upgrade). Between storms the SDK's
     autoscaler shrinks to its minimum, and the next storm's cordons then wait for it to grow back,
     one round trip at a time; 16 open polls take 16 cordons at once."""
     return min(16, max(1, settings.protective_slots))
@@ -217,11 +224,11 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         nonsticky_to_sticky_poll_ratio=1.0,
         activity_task_poller_behavior=PollerBehaviorAutoscaling(initial=5),
     )
+    # The protective step of runs recorded before it ran as a local activity (and of their workers'
+    # peers during an upgrade): a coroutine on the step's own threads, like the local activity.
     protective = Worker(
         client, task_queue=protective_queue(settings),
         activities=activities.protective,
-        activity_executor=ThreadPoolExecutor(max_workers=settings.protective_slots,
-                                             thread_name_prefix="fleetmedic-protective"),
         max_concurrent_activities=settings.protective_slots,
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
         # As many polls as slots: 50 cordons at once must not queue behind five poll round trips.
@@ -241,7 +248,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         others.append(Worker(client, task_queue=guard_queue(settings), workflows=[FleetGuard],
                              activities=activities.all, activity_executor=executor, max_concurrent_activities=4,
                              workflow_runner=WORKFLOW_RUNNER, graceful_shutdown_timeout=SHUTDOWN_GRACE))
-    return FleetWorker(main, *others)
+    return FleetWorker(main, *others, on_close=activities.close)
 
 
 # Buckets for what a person waits for: a repair takes minutes to hours, not the SDK's default

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from datetime import timedelta
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
@@ -46,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from fleetmedic.policy import Policy
 
-from workflows.patches import Patches
+from workflows.patches import GUARD_SIGNALS_IN_BATCHES, Patches
 from workflows.runbook import bounded_retry, execute, local
 
 # How long a count of the fleet's out-of-service nodes is reused. Leases are always counted
@@ -54,6 +55,7 @@ from workflows.runbook import bounded_retry, execute, local
 CAPACITY_TTL = timedelta(seconds=5)
 HOUR = timedelta(hours=1)
 MINUTE = timedelta(minutes=1)
+T = TypeVar("T")
 
 
 # Waiters this near the front hear every move in line.
@@ -116,6 +118,7 @@ class FleetGuard:
         self.capacity_at = workflow.now()
         self.reclaimed_at = workflow.now()
         self.far_told_less = False  # guards recorded before: every waiter hears every move
+        self.in_batches = False  # guards recorded before: every signal of a round in one workflow task
         # Who holds a lease and who is in line, by workflow ID: a storm sends thousands of requests,
         # and a scan of both lists for each made the guard's work grow with their square.
         self.holding = {h.workflow_id for h in state.holders}
@@ -174,6 +177,7 @@ class FleetGuard:
         # Before the policy's local activity: decided after it, a patch could not always replay, and
         # a guard that cannot replay grants no lease again (workflows/patches.py).
         self.patched.decide()
+        self.in_batches = self.patched(GUARD_SIGNALS_IN_BATCHES)
         self.policy = await local(refs.CONFIG_POLICY, ())
         limit = self.policy.budget.guard_history_events
         recounts = self.patched("guard-recounts-while-waiting")
@@ -262,7 +266,8 @@ class FleetGuard:
         limit = self.policy.budget.max_protective_kills_per_minute
         self.state.killed_recently = [t for t in self.state.killed_recently if now - t < MINUTE]
         answers: list[tuple[str, KillAnswer]] = []
-        for request in self.state.kill_requests:
+        asked, rest = self.batch(self.state.kill_requests)
+        for request in asked:
             if self.state.paused is not None:
                 answer = KillAnswer(granted=False, reason=f"fleet paused by {self.state.paused.by}")
             elif len(self.state.killed_recently) >= limit:
@@ -273,7 +278,7 @@ class FleetGuard:
                 self.state.killed_recently.append(now)
                 answer = KillAnswer(granted=True)
             answers.append((request.workflow_id, answer))
-        self.state.kill_requests = []
+        self.state.kill_requests = rest
         await asyncio.gather(*(self._answer_kill(workflow_id, answer) for workflow_id, answer in answers))
 
     async def _answer_kill(self, workflow_id: str, answer: KillAnswer) -> None:
@@ -319,22 +324,33 @@ class FleetGuard:
 
     async def tell(self) -> None:
         """Tell each runbook what changed for it: granted, its new place in line, or the pause.
-        The signals go out together (one workflow task), not one round trip after another."""
-        messages: list[tuple[str, int, LeaseAnswer]] = []
-        for lease in self.state.holders:
-            if self.told.get(lease.workflow_id) != 0:
-                messages.append((lease.workflow_id, 0, LeaseAnswer(granted=True, paused=self.state.paused,
-                                                                   out_fraction=self.out_fraction)))
+        The signals go out together (one workflow task), not one round trip after another; grants
+        first, then places in line from the front, a batch a task (`batch`)."""
+        due: list[tuple[str, int]] = [(lease.workflow_id, 0) for lease in self.state.holders
+                                      if self.told.get(lease.workflow_id) != 0]
         for position, request in enumerate(self.state.queue, start=1):
             told = self.told.get(request.workflow_id)
             if told != position and (not self.far_told_less or worth_telling(told, position)):
-                reason = f"paused by {self.state.paused.by}" if self.state.paused else "budget in use"
-                messages.append((request.workflow_id, position, LeaseAnswer(
-                    granted=False, position=position, paused=self.state.paused, reason=reason)))
-        delivered = await asyncio.gather(*(self._signal(workflow_id, answer) for workflow_id, _, answer in messages))
-        for (workflow_id, position, _), ok in zip(messages, delivered, strict=True):
+                due.append((request.workflow_id, position))
+        due, _ = self.batch(due)
+        paused = self.state.paused
+        reason = f"paused by {paused.by}" if paused else "budget in use"
+        delivered = await asyncio.gather(*(self._signal(workflow_id, LeaseAnswer(
+            granted=True, paused=paused, out_fraction=self.out_fraction) if position == 0 else LeaseAnswer(
+            granted=False, position=position, paused=paused, reason=reason)) for workflow_id, position in due))
+        for (workflow_id, position), ok in zip(due, delivered, strict=True):
             if ok:
                 self.told[workflow_id] = position
+
+    def batch(self, signals: list[T]) -> tuple[list[T], list[T]]:
+        """The signals this workflow task sends, and those left for the next round (which comes at
+        once: the guard is marked dirty). The cost of a workflow task stays bounded, its replay too."""
+        assert self.policy is not None
+        size = self.policy.budget.guard_signals_per_task
+        if not self.in_batches or len(signals) <= size:
+            return signals, []
+        self.dirty = True
+        return signals[:size], signals[size:]
 
     async def _signal(self, workflow_id: str, answer: LeaseAnswer) -> bool:
         try:

@@ -146,7 +146,7 @@ class MigrateBack(TrafficRunbook):
             self.moved += len(report.evicted)
             await self.slo_gate(home, report)
             if traffic.batch_pause:
-                await workflow.sleep(traffic.batch_pause, summary="pace between batches")
+                await self.sleep(traffic.batch_pause, summary="pace between batches")
 
     async def wait_for_headroom(self) -> None:
         """Every Deployment with pods away is at its minimum of ready replicas: wait for the last
@@ -164,7 +164,7 @@ class MigrateBack(TrafficRunbook):
                 raise RunbookAborted(answer.by, answer.reason or "no headroom")
             return
         self.waiting_for = "a Deployment above its minimum of ready replicas (replacements starting)"
-        await workflow.sleep(HEADROOM_POLL, summary="move a batch home: wait for headroom")
+        await self.sleep(HEADROOM_POLL, summary="move a batch home: wait for headroom")
 
     async def slo_gate(self, home: HomeReport | None, report: EvictionReport) -> None:
         """Every pod of the batch left, replacements Ready at home with every Deployment at its minimum,

@@ -159,7 +159,7 @@ class NodeRunbookBase(Runbook):
             ids.FLEET_NODE.value_set(self.node), ids.FLEET_DRY_RUN.value_set(self.dry_run)]
         if xid is not None:
             attributes.append(ids.FLEET_XID.value_set(xid))
-        workflow.upsert_search_attributes(attributes)
+        self.show(*attributes)
         return self.policy
 
     @property

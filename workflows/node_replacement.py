@@ -151,7 +151,7 @@ class ReplacementSteps(RemediateSteps):
                 if answer.action == "skip":
                     return
                 deadline = workflow.now() + limit
-            await workflow.sleep(POLL, summary="take in replacement: wait for slurmd")
+            await self.sleep(POLL, summary="take in replacement: wait for slurmd")
 
     async def retire_replaced(self) -> None:
         """Clean up after the replaced nodes: the Kubernetes object a provider left, the Slurm node's

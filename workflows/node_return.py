@@ -129,7 +129,7 @@ class ReturnSteps(ReplacementSteps):
                     del pending[job_id]
             if pending:
                 self.waiting_for = f"job(s) {sorted(pending)} running again"
-                await workflow.sleep(POLL, summary="confirm jobs resumed: poll")
+                await self.sleep(POLL, summary="confirm jobs resumed: poll")
         for job_id in pending:
             self.decide("confirm jobs resumed", f"job {job_id} did not run again within "
                                                 f"{self.policy.grace.job_resume_deadline}")

@@ -12,6 +12,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from workflows.node_base import POLL, RECHECK_AFTER, NodeRunbookBase, NothingToDo, OptedOut
+from workflows.patches import PROTECT_IN_TASK
 from workflows.runbook import RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
@@ -87,8 +88,10 @@ class TakeOutSteps(NodeRunbookBase):
         cordon (or `taint`) and Slurm DRAIN together, before the lease. Nothing new lands on the
         node; nothing running there is killed, so a storm of false alerts costs capacity for new
         work, never a job: the steps that kill (DOWN, requeue, drain, replace) still wait for the
-        lease. Runs on the protective task queue, where no backlog of other work can hold it up.
-        Once per run; an opted-out node is left as it is, a missing one ends the run."""
+        lease. It runs inside the run's workflow task, as a local activity on the worker that holds
+        the run (patched): no round trip through the server and no task queue to wait in, however
+        many runs wait on drains and replacements. Runs recorded before ran it on the protective
+        task queue. Once per run; an opted-out node is left as it is, a missing one ends the run."""
         assert self.policy is not None
         if self.protection is not None:
             return
@@ -96,10 +99,14 @@ class TakeOutSteps(NodeRunbookBase):
         if (why := approval_reason(self.policy.approvals, ("cordon",), 0.0)) is not None and not self.dry_run:
             self.decide("protect", f"nothing before the lease: {why}")
             return
-        protection = await self.call("protect", refs.PROTECT_NODE, ProtectRequest(
-            node=self.node, workflow_id=self.workflow_id, reason=reason, taint=taint,
-            slurm=self.context.slurm_enabled, dry_run=self.dry_run),
-            retry=self.retry("writes"), task_queue=self.context.protective_queue)
+        request = ProtectRequest(node=self.node, workflow_id=self.workflow_id, reason=reason, taint=taint,
+                                 slurm=self.context.slurm_enabled, dry_run=self.dry_run)
+        if self.patched(PROTECT_IN_TASK):
+            protection = await self.call("protect", refs.PROTECT_NODE, request, retry=self.retry("writes"),
+                                         in_task=True)
+        else:
+            protection = await self.call("protect", refs.PROTECT_NODE, request, retry=self.retry("writes"),
+                                         task_queue=self.context.protective_queue)
         if protection is None:
             self.decide("protect", "skipped by an operator: the node stays in service until the lease")
             return
@@ -263,7 +270,7 @@ class TakeOutSteps(NodeRunbookBase):
                     self.decide("grace for checkpoints", f"job {job_id} left the node ({now_job.state.lower()})")
             if pending:
                 self.waiting_for = f"checkpoints of job(s) {sorted(pending)} until {deadline.isoformat()}"
-                await workflow.sleep(POLL, summary="grace for checkpoints: poll")
+                await self.sleep(POLL, summary="grace for checkpoints: poll")
                 self.check_abort()
         if pending:
             self.decide("grace for checkpoints", f"grace of {grace} ended without a fresh checkpoint from "

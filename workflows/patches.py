@@ -11,11 +11,13 @@ the fleet guard, whose first steps were "load the policy, then decide two patche
 could not replay grants no lease, fleet-wide).
 
 So every workflow decides once, before its first local activity, whether it started on code that
-has every patch in `FOLDED_PATCHES` (`decide`). A run that did takes all of them without a marker
-each — a new run takes every patch anyway — and nothing is decided after a local activity again.
-A run recorded before keeps calling `workflow.patched` where it always did, and replays as it ran.
-A patch added after this one is not in the set: it is decided where it is called, so it must not
-be called straight after a local activity (decide it before, as here).
+has every patch of a fold (`decide`): the newest fold whose marker it records or finds. A run that
+did takes all of the fold's patches without a marker each — a new run takes every patch anyway —
+and nothing is decided after a local activity again. A run recorded before keeps calling
+`workflow.patched` where it always did, and replays as it ran. A new patch is decided where it is
+called, so it must not be called straight after a local activity; one that is (the protective
+step is a local activity now, and what follows it asks) comes with a new fold, which holds every
+patch of the one before it.
 """
 
 from __future__ import annotations
@@ -41,17 +43,38 @@ FOLDED_PATCHES = frozenset({
 })
 
 
+# The protective step runs as a local activity inside the run's workflow task (node runbooks).
+PROTECT_IN_TASK = "protective-local-activity"
+# Search attributes are upserted once when the run next waits, not at every step (the runbook base).
+SHOWN_WHEN_WAITING = "search-attributes-when-waiting"
+# The fleet guard sends at most `budget.guard_signals_per_task` signals a workflow task.
+GUARD_SIGNALS_IN_BATCHES = "guard-signals-in-batches"
+
+# Each fold: the marker a run started on its code records first, and the patches it takes with it
+# (fixed, like the runs recorded under them: a new one goes into a new fold, never an old one).
+FOLDS: tuple[tuple[str, frozenset[str]], ...] = (
+    (DECIDED_FIRST, FOLDED_PATCHES),
+    ("patches-decided-before-local-activities-2",
+     FOLDED_PATCHES | {"lemon-count-from-protective-read", PROTECT_IN_TASK, SHOWN_WHEN_WAITING,
+                      GUARD_SIGNALS_IN_BATCHES}),
+)
+
+
 class Patches:
-    """One run's patch decisions (`workflow.patched`, with the folded patches decided up front)."""
+    """One run's patch decisions (`workflow.patched`, with a fold's patches decided up front)."""
 
     def __init__(self) -> None:
-        self.folded = False
+        self.folded: frozenset[str] = frozenset()
 
     def decide(self) -> None:
-        """Before the run's first local activity: a run started on this code takes every folded patch."""
-        self.folded = workflow.patched(DECIDED_FIRST)
+        """Before the run's first local activity: the newest fold the run started on. A new run records
+        the newest fold's marker alone; a recorded run finds the marker its code recorded, or none."""
+        for marker, patches in reversed(FOLDS):
+            if workflow.patched(marker):
+                self.folded = patches
+                return
 
     def __call__(self, patch_id: str) -> bool:
-        if self.folded and patch_id in FOLDED_PATCHES:
+        if patch_id in self.folded:
             return True
         return workflow.patched(patch_id)

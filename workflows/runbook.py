@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import MetricMeter, RetryPolicy
+from temporalio.common import MetricMeter, RetryPolicy, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -52,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from fleetmedic.policy import Policy, shared
 
-from workflows.patches import Patches
+from workflows.patches import SHOWN_WHEN_WAITING, Patches
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -85,6 +85,8 @@ class DryRunEnded(Exception):
 # outcome of a dry run becomes `dry-run` ("would have ended remediated: …").
 UNCHANGED_OUTCOMES = frozenset({"unknown-node", "invalid-input", "notified", "ignored", "escalated", "recovered",
                                 "not-needed", "not-yet", "nothing-to-move"})
+
+NOT_SHOWN = object()  # a search attribute this run has not written yet (`Runbook.shown`)
 
 # How often a runbook without a lease asks the fleet guard whether the fleet is still paused
 # (a long pause costs a few events a minute in its history, not a few a second).
@@ -126,6 +128,9 @@ class Runbook:
         self._awaiting_approval: str | None = None
         self.approval: tuple[str, Approval] | None = None  # ("approve" | "reject", who and why)
         self.fleet_paused: Operator | None = None  # the fleet guard's global pause
+        # Search attributes held until the run next waits (`show`), and those written, by name.
+        self.unshown: dict[str, SearchAttributeUpdate[Any]] = {}
+        self.shown_values: dict[str, Any] = {}
 
     @property
     def waiting_for(self) -> str | None:
@@ -158,7 +163,10 @@ class Runbook:
 
     def show_details(self) -> None:
         """Keep the UI's Current Details true: step, what the run waits for, what an operator can do
-        (metadata only: no command, no history event, nothing a replay compares)."""
+        (metadata only: no command, no history event, nothing a replay compares). An evicted run's
+        coroutines close outside the workflow's loop (`wait()`'s `finally`): nothing to show then."""
+        if not workflow.in_workflow():
+            return
         workflow.set_current_details(current_details(
             self.workflow_id, self.step_name, waiting_for=self._waiting_for, dry_run=self.dry_run,
             escalation=self.escalation, awaiting_approval=self.awaiting_approval,
@@ -250,8 +258,8 @@ class Runbook:
             # Visible in the UI's list and to `FleetStep = "waiting for lease (position 3)"` queries.
             # Patched: runs recorded before this existed replay without the upsert.
             if self.patched("lease-position-search-attribute"):
-                workflow.upsert_search_attributes([ids.FLEET_STEP.value_set(f"waiting for lease (position "
-                                                                            f"{answer.position})")])
+                self.show(ids.FLEET_STEP.value_set(f"waiting for lease (position {answer.position})"))
+                self.shown()  # now: the run is waiting already
 
     # --- bookkeeping --------------------------------------------------------------------------
 
@@ -266,13 +274,32 @@ class Runbook:
                 1, {"runbook": self.runbook, "step": step})
         self.step_name = step
         self.waiting_for = None  # and the UI's details say the new step
-        workflow.upsert_search_attributes([ids.FLEET_STEP.value_set(step)])
+        self.show(ids.FLEET_STEP.value_set(step))
+
+    def show(self, *updates: SearchAttributeUpdate[Any]) -> None:
+        """Search attributes for the UI's list and the operators' queries. Runs started on the second
+        fold of patches hold them until the run next waits (an activity, a condition, the end): the
+        steps one workflow task goes through were never visible apart, and each upsert is an event
+        in the history and a write to the visibility store. Runs recorded before upsert each at once."""
+        if SHOWN_WHEN_WAITING in self.patched.folded:
+            self.unshown.update((update.key.name, update) for update in updates)
+        else:
+            workflow.upsert_search_attributes(list(updates))
+
+    def shown(self) -> None:
+        """What `show` holds and is not shown already, in one upsert: called right before the run waits."""
+        updates = [u for name, u in self.unshown.items() if self.shown_values.get(name, NOT_SHOWN) != u.value]
+        self.unshown = {}
+        if updates:
+            workflow.upsert_search_attributes(updates)
+            self.shown_values.update((u.key.name, u.value) for u in updates)
 
     def finish(self, outcome: str) -> str:
         self.outcome = outcome
         self.step_name = "done"
         self.show_details()
-        workflow.upsert_search_attributes([ids.FLEET_OUTCOME.value_set(outcome), ids.FLEET_STEP.value_set("done")])
+        self.show(ids.FLEET_OUTCOME.value_set(outcome), ids.FLEET_STEP.value_set("done"))
+        self.shown()
         if self.patched("outcome-memo"):
             # Every run closes COMPLETED (green in the UI's list), whatever it did: the memo and the
             # FleetOutcome column (README, "Temporal UI") tell an aborted or a shadow run apart.
@@ -296,6 +323,7 @@ class Runbook:
     async def wait(self, what: str, condition: Any, timeout: timedelta | None = None) -> bool:
         """wait_condition that also wakes up for an abort, and says what it waits for."""
         self.waiting_for = what
+        self.shown()
         try:
             await workflow.wait_condition(lambda: bool(condition()) or self.abort_pending(),
                                           timeout=timeout, timeout_summary=f"waiting for {what}"[:200])
@@ -306,6 +334,11 @@ class Runbook:
         finally:
             self.waiting_for = None
 
+    async def sleep(self, duration: timedelta, summary: str) -> None:
+        """A durable timer (a poll's pause), with what `show` holds written first: the run waits."""
+        self.shown()
+        await workflow.sleep(duration, summary=summary)
+
     async def load_policy(self) -> Policy:
         """The worker's policy (a local activity: no round trip through the task queue), shadow mode
         when it says so, and the run's search attributes."""
@@ -315,9 +348,8 @@ class Runbook:
         if self.policy.shadow.enabled_for(self.runbook) and not self.dry_run:
             self.dry_run = True
             self.decide("load policy", f"shadow mode for {self.runbook} (policy): nothing will be changed")
-        workflow.upsert_search_attributes([ids.FLEET_RUNBOOK.value_set(self.runbook),
-                                           ids.FLEET_CLUSTER.value_set(self.cluster),
-                                           ids.FLEET_DRY_RUN.value_set(self.dry_run)])
+        self.show(ids.FLEET_RUNBOOK.value_set(self.runbook), ids.FLEET_CLUSTER.value_set(self.cluster),
+                  ids.FLEET_DRY_RUN.value_set(self.dry_run))
         return self.policy
 
     # --- activities ---------------------------------------------------------------------------
@@ -340,20 +372,26 @@ class Runbook:
     async def call(self, step: str, activity: Activity[In, Out], arg: In, *,
                    timeout: timedelta | None = None, retry: RetryPolicy | None = None,
                    heartbeat: timedelta | None = None, summary: str | None = None,
-                   escalate: bool = True, task_queue: str | None = None) -> Out | None:
+                   escalate: bool = True, task_queue: str | None = None, in_task: bool = False) -> Out | None:
         """Run one activity; when its retries are exhausted, escalate and wait for an answer.
-        `task_queue`: another queue than the run's (the protective step's).
+        `task_queue`: another queue than the run's. `in_task`: as a local activity, inside the
+        workflow task that asks for it, on the worker running the run (the protective step: no
+        round trip through the server, no queue to wait in).
 
         Returns None when the operator answered `skip`.
         """
         while True:
             self.check_abort()
+            self.shown()
+            options: dict[str, Any] = {"start_to_close_timeout": timeout or self.call_timeout(),
+                                       "retry_policy": retry or self.retry("reads"),
+                                       "summary": summary or f"{step}: {activity.name}"}
             try:
-                result: Out = await execute(
-                    activity, arg, start_to_close_timeout=timeout or self.call_timeout(), heartbeat_timeout=heartbeat,
-                    retry_policy=retry or self.retry("reads"), summary=summary or f"{step}: {activity.name}",
-                    task_queue=task_queue)
-            except ActivityError as err:
+                result: Out = await (local(activity, arg, **options) if in_task else execute(
+                    activity, arg, heartbeat_timeout=heartbeat, task_queue=task_queue, **options))
+            # A local activity whose retries ran out raises its own error, not wrapped in an
+            # ActivityError as a task queue's activity is (its timeout is wrapped): both escalate.
+            except (ActivityError, ApplicationError) as err:
                 if not escalate:
                     raise
                 answer = await self.escalate(step, _describe(err))
@@ -560,8 +598,8 @@ def input_error(raw: Any, model: type[BaseModel]) -> str | None:
     return None
 
 
-def _describe(err: ActivityError) -> str:
-    cause = err.cause
+def _describe(err: ActivityError | ApplicationError) -> str:
+    cause = err.cause if isinstance(err, ActivityError) else err
     if isinstance(cause, ApplicationError):
         return f"{cause.type or 'error'}: {cause.message}"
     return str(cause or err)

@@ -96,7 +96,7 @@ class TrafficFlip(TrafficRunbook):
                 self.decide("pre-warm", f"external capacity ready: {snap.virtual_gpus} GPUs")
                 return
             self.waiting_for = f"external capacity of {need} GPUs (now {snap.virtual_gpus})"
-            await workflow.sleep(WATCH_POLL, summary="pre-warm: poll")
+            await self.sleep(WATCH_POLL, summary="pre-warm: poll")
         self.decide("pre-warm", f"external capacity not ready within {traffic.prewarm_timeout}: flipping anyway")
 
     async def watch(self) -> float:
@@ -127,6 +127,6 @@ class TrafficFlip(TrafficRunbook):
                 below_since = None
             last = now
             self.waiting_for = f"inference at its minimum until {until.isoformat()}"
-            await workflow.sleep(WATCH_POLL, summary="watch inference: poll")
+            await self.sleep(WATCH_POLL, summary="watch inference: poll")
         self.decide("watch inference", "watch ended" + (" early: migrate-back started" if self.stop_request else ""))
         return below_total
