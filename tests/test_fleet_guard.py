@@ -10,18 +10,20 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from temporalio import workflow
+from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.worker import Replayer
 
+from activities.guard import GuardActivities
+from activities.start import start_or_attach
 from devstack import fleet
 from devstack.controllers import provider_controller
 from devstack.kube_emulator import KubeEmulatorThread
 from devstack.kube_world import RealKube
 from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.converter import data_converter
-from fleetmedic.ids import guard_workflow_id, node_workflow_id
+from fleetmedic.ids import guard_queue, guard_workflow_id, node_workflow_id
 from fleetmedic.models import (
     EscalationAnswer,
     GuardState,
@@ -151,8 +153,8 @@ async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue:
             state = await guard_state(client, cluster)
             assert state.queue, "runbooks should be waiting for the budget"
             waiting = next(h for h in handles if h.id == state.queue[-1].workflow_id)
-            status = await waiting.query("status", result_type=RunbookStatus)
-            assert status.waiting_for is not None and status.waiting_for.startswith("lease, position")
+            # The guard's answer reaches the run a signal after the guard queued it.
+            await status_when(waiting, lambda s: (s.waiting_for or "").startswith("lease, position"), timeout=30)
         async with worker_for(client, settings, policy):
             # A guard against a hang, not a speed target: 40 runs, 5 at a time, on 2 cores took up to
             # ≈ 300 s on a loaded CI machine (one clean-clone run went past it).
@@ -308,6 +310,42 @@ async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Clie
             assert state.paused is not None and state.paused.reason == "change freeze"
             await guard.signal("resume", Operator(by="dana"))
             assert (await asyncio.wait_for(second.result(), 60)).outcome == "remediated"
+
+
+async def test_a_place_in_line_told_before_the_run_waits_is_shown(client: Client, task_queue: str,
+                                                                    kube: KubeEmulatorThread,
+                                                                    provider_http: ProviderStandIn, tmp_path: Path,
+                                                                    monkeypatch: Any) -> None:
+    """The guard can answer before the run's request has reported back: on a busy worker both come in
+    one workflow task, whose signals are handled first (a CI run). The guard tells each place once,
+    so the run must show the answer it already has, or it reads "lease from the fleet guard" until
+    the line moves: through a whole fleet pause. Here the request reports back a second late."""
+    async def late_request(self: GuardActivities, cluster: str, request: LeaseRequest) -> None:
+        await self.signal_guard(cluster, "request", request)
+        await asyncio.sleep(1)
+
+    monkeypatch.setattr(GuardActivities, "request_lease", activity.defn(name="guard.request")(late_request))
+    kube.emulator.put(fleet.node("gpu-1"))
+    cluster = task_queue
+    await start_or_attach(client, "fleet-guard", GuardState(cluster=cluster), workflow_id=guard_workflow_id(cluster),
+                          task_queue=guard_queue(task_queue), signal="pause",
+                          signal_args=[Operator(by="dana", reason="change freeze")])
+    settings = settings_for(task_queue, kube, provider=provider_http)
+    async with worker_for(client, settings, guard_policy(tmp_path, provider_http)):
+        run = await client.start_workflow(
+            "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-1", gpu=0, xid=79),
+            id=node_workflow_id("xid-recovery", cluster, "gpu-1"), task_queue=task_queue, result_type=RunbookStatus)
+        status = await status_when(run, lambda s: s.step == "take disruption lease"
+                                   and "paused by dana" in (s.waiting_for or ""), timeout=30)
+        assert status.waiting_for == "lease, position 1 (paused by dana)"
+        query = f'WorkflowId = "{run.id}" AND FleetStep = "waiting for lease (position 1)"'
+        for _ in range(100):
+            if [w async for w in client.list_workflows(query)]:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("the run never showed its place in line in FleetStep")
+        await run.terminate("test over")
 
 
 async def test_the_lease_of_a_closed_runbook_is_reclaimed(client: Client, task_queue: str, kube: KubeEmulatorThread,

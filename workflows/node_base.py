@@ -17,6 +17,7 @@ from temporalio import workflow
 from temporalio.common import MetricMeter, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError
 
+from workflows.patches import SHOWN_WHEN_WAITING
 from workflows.runbook import DryRunEnded, Runbook, RunbookAborted, execute, input_error, local
 
 with workflow.unsafe.imports_passed_through():
@@ -257,7 +258,7 @@ class NodeRunbookBase(Runbook):
         await self.call("take disruption lease", refs.GUARD_REQUEST, (self.cluster, request))
         self.lease_held = True  # from here on, every way out releases it
         timeout = self.policy.budget.lease_timeout if self.patched("lease-wait-escalates") else None
-        while not await self.wait("lease from the fleet guard",
+        while not await self.wait(self.lease_wait(),
                                   lambda: self.lease_answer is not None and self.lease_answer.granted, timeout=timeout):
             # Still in line (the budget is in use, the fleet paused, or the guard cannot count the
             # fleet): a person decides — wait again, go on without the lease, or abort.
@@ -273,6 +274,15 @@ class NodeRunbookBase(Runbook):
                 return
         self.decide("take disruption lease", f"granted by fleet-guard/{self.cluster}"
                     + (f" (domain {domain})" if domain else ""))
+
+    def lease_wait(self) -> str:
+        """What the run waits for at its lease. The guard's first answer can be here before the run
+        waits: in a workflow task that also completes the request, signals are handled first. Runs
+        started on the second fold say their place in line then; those before waited unaware of it."""
+        told = self.lease_answer
+        if told is None or told.granted or SHOWN_WHEN_WAITING not in self.patched.folded:
+            return "lease from the fleet guard"
+        return self.place_in_line(told)
 
     async def release_lease(self) -> None:
         """Never waits for anything but the signal itself: releasing is a recovery step."""

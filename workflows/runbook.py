@@ -254,12 +254,16 @@ class Runbook:
         self.lease_answer = answer
         self.fleet_paused = answer.paused
         if not answer.granted and self.waiting_for is not None and self.waiting_for.startswith("lease"):
-            self.waiting_for = f"lease, position {answer.position} ({answer.reason})"
-            # Visible in the UI's list and to `FleetStep = "waiting for lease (position 3)"` queries.
-            # Patched: runs recorded before this existed replay without the upsert.
-            if self.patched("lease-position-search-attribute"):
-                self.show(ids.FLEET_STEP.value_set(f"waiting for lease (position {answer.position})"))
-                self.shown()  # now: the run is waiting already
+            self.waiting_for = self.place_in_line(answer)
+            self.shown()  # now: the run is waiting already
+
+    def place_in_line(self, answer: LeaseAnswer) -> str:
+        """What a run in line for its lease waits for, from the guard's answer; and the same in the
+        UI's list, for `FleetStep = "waiting for lease (position 3)"` queries (written when the run
+        next waits). Patched: runs recorded before this existed replay without the upsert."""
+        if self.patched("lease-position-search-attribute"):
+            self.show(ids.FLEET_STEP.value_set(f"waiting for lease (position {answer.position})"))
+        return f"lease, position {answer.position} ({answer.reason})"
 
     # --- bookkeeping --------------------------------------------------------------------------
 
