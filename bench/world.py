@@ -25,13 +25,12 @@ from kubernetes import watch
 from temporalio.client import Client
 
 from devstack import fleet
-from devstack.dev import DevOptions, start_temporal, stop_temporal
+from devstack.dev import DevOptions, connect_when_serving, start_temporal, stop_temporal
 from devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds, missing_binaries
 from devstack.kube_world import RealKube
 from devstack.processes import FleetMedicProcess
 from devstack.slurm_cluster import LocalSlurmCluster, free_port
 from devstack.standins import ProviderStandIn
-from workers.temporal_client import connect
 
 CLUSTER = "bench"
 QUEUE = "bench"
@@ -134,7 +133,7 @@ class BenchWorld:
             self.temporal = start_temporal(options, persist=False)
             self.stack.callback(stop_temporal, self.temporal)
             self.address = f"127.0.0.1:{options.port}"
-            self.client: Client = await connect(target_host=self.address, namespace="default")
+            self.client: Client = await connect_when_serving(self.address)
             cluster = self.stack.enter_context(LocalKubeCluster(self.workdir / "kube", node_lease_s=self.node_lease_s))
             install_rbac_and_crds(cluster)
             self.kube = RealKube(cluster, None, self.workdir)

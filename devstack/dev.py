@@ -31,6 +31,7 @@ from typing import Any
 
 import uvicorn
 import yaml
+from temporalio.client import Client
 
 from devstack import fleet
 from devstack.agent_server import ServedAgents
@@ -46,7 +47,7 @@ from fleetmedic.ids import SEARCH_ATTRIBUTES
 from fleetmedic.policy import parse_policy
 from fleetmedic.settings import Settings
 from workers.schedules import ensure_quota_schedule
-from workers.temporal_client import connect
+from workers.temporal_client import TemporalUnreachable, connect
 from workers.webhook import AlertReceiver, available_runbooks
 from workers.worker import build_worker
 
@@ -119,6 +120,20 @@ def start_temporal(options: DevOptions, *, persist: bool = True) -> subprocess.P
     return proc
 
 
+async def connect_when_serving(address: str, timeout_s: float = 60) -> Client:
+    """A client of a dev server just started. It listens before its frontend serves, and a client
+    that comes in between is refused ("Frontend is not healthy yet"): on a loaded machine that
+    window is long enough for a benchmark's first connect to fall in it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await connect(target_host=address, namespace="default")
+        except TemporalUnreachable:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 def _sa_type(name: str) -> str:
     return {"KEYWORD": "Keyword", "INT": "Int", "BOOL": "Bool", "TEXT": "Text", "DOUBLE": "Double",
             "DATETIME": "Datetime", "KEYWORD_LIST": "KeywordList"}[name]
@@ -183,7 +198,7 @@ async def run_dev(options: DevOptions) -> None:
             slack_api_url=slack.api_url, policy_path=str(state / "policy.yaml"), metrics_port=0,
             agent_url=agents.url_template, agent_token=agents.token,
         )
-        client = await connect(target_host=f"127.0.0.1:{options.port}", namespace="default")
+        client = await connect_when_serving(f"127.0.0.1:{options.port}")
         await ensure_quota_schedule(client, settings, policy)
         worker = build_worker(client, settings, policy)
 

@@ -87,20 +87,14 @@ async def test_the_worker_rides_out_a_temporal_outage_and_polls_again(tmp_path: 
     traceback loop) and takes the next run once the server is back, without being restarted."""
     from temporalio.client import Client
 
-    from devstack.dev import DevOptions, start_temporal, stop_temporal
+    from devstack.dev import DevOptions, connect_when_serving, start_temporal, stop_temporal
     from fleetmedic.models import RunbookStatus
 
     options = DevOptions(state_dir=tmp_path / "temporal", port=free_port(), ui_port=free_port())
     address = f"127.0.0.1:{options.port}"
 
     async def healthy() -> Client:
-        """The dev server listens before its frontend serves: connect once it does."""
-        for _ in range(120):
-            try:
-                return await Client.connect(address, data_converter=data_converter)
-            except RuntimeError:
-                await asyncio.sleep(0.5)
-        raise AssertionError("the Temporal dev server did not get healthy")
+        return await connect_when_serving(address)
 
     async def worker_answers(run: str) -> str:
         """A new run's first step, as the worker reports it: only a polling worker runs it and
