@@ -9,10 +9,12 @@ Case `burst`: 500 distinct nodes fire within one second (one request each, all a
 runbooks started per second, from the first POST to the last 202 (target: at least 200/s), beside
 the floor — the same server's rate for 500 plain starts from one client, without the webhook.
 
-A worker runs throughout (shadow mode, on the real Kubernetes control plane when
-scripts/install-kube has built it), so runbooks start, run and close while alerts arrive. Every
-HTTP status is kept, including the 503s a sender retries after (as Alertmanager does): a retry never
-hides a 5xx.
+`fleetmedic webhook` and `fleetmedic worker` run as processes of their own, as deployed (bench/world.py:
+the real Kubernetes control plane, slurmctld, the Temporal dev server), the worker in shadow mode, so
+runbooks start, run and close while alerts arrive; the senders are this process. (The webhook and the
+worker once ran as threads of the senders' process: one interpreter for all three, which measured
+the GIL more than the webhook.) Every HTTP status is kept, including the 503s a sender retries after
+(as Alertmanager does): a retry never hides a 5xx.
 
     python bench/alert_storm.py [--alerts 5000] [--nodes 500] [--senders 20] [--burst 500]
 
@@ -23,34 +25,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import random
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
-import yaml
-from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.stats import percentile
-from devstack import fleet
-from devstack.dev import temporal_binary
-from devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds, missing_binaries
-from devstack.kube_world import RealKube
-from devstack.webhook_thread import WebhookThread
-from fleetmedic.converter import data_converter
-from fleetmedic.ids import SEARCH_ATTRIBUTES
-from fleetmedic.policy import RoutingPolicy, parse_policy
-from fleetmedic.settings import Settings
-from workers.worker import build_worker
-
-TOKEN = "storm"
+from bench.world import TOKEN, BenchWorld, cpu_seconds
 
 
 def batches(alerts: int, nodes: int) -> list[list[dict[str, object]]]:
@@ -79,58 +68,54 @@ def batches(alerts: int, nodes: int) -> list[list[dict[str, object]]]:
     return ordered
 
 
-async def storm(env: WorkflowEnvironment, alerts: int, nodes: int, senders: int) -> dict[str, object]:
+async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dict[str, object]:
     work = batches(alerts, nodes)
     # One sender per node at a time keeps a node's firing before its resolution, as Alertmanager does.
     node_locks: dict[str, asyncio.Lock] = {}
     latencies: list[float] = []
     answers: list[dict[str, str]] = []
-    statuses: dict[int, int] = {}
-    address = env.client.service_client.config.target_host
-    with WebhookThread(address, "storm", TOKEN) as webhook:
-        queue: asyncio.Queue[list[dict[str, object]]] = asyncio.Queue()
-        for batch in work:
-            queue.put_nowait(batch)
+    statuses: dict[str, int] = {}
+    queue: asyncio.Queue[list[dict[str, object]]] = asyncio.Queue()
+    for batch in work:
+        queue.put_nowait(batch)
 
-        async def sender() -> None:
-            async with httpx.AsyncClient(base_url=webhook.url, timeout=60,
-                                         headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-                while not queue.empty():
-                    batch = queue.get_nowait()
-                    node = str(batch[0]["labels"]["node"])  # type: ignore[index]
-                    async with node_locks.setdefault(node, asyncio.Lock()):
-                        body = {"version": "4", "groupKey": node, "status": batch[0]["status"],
-                                "receiver": "fleetmedic", "alerts": batch}
-                        began = time.monotonic()
-                        while True:  # Alertmanager retries a 5xx; so do we, and every answer is kept
-                            response = await http.post("/v1/alerts/alertmanager", json=body)
-                            statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
-                            if response.status_code < 500:
-                                break
-                        latencies.append(time.monotonic() - began)
-                        answers.extend(response.json()["alerts"])
+    async def sender() -> None:
+        async with webhook_client(world, 1) as http:
+            while not queue.empty():
+                batch = queue.get_nowait()
+                node = str(batch[0]["labels"]["node"])  # type: ignore[index]
+                async with node_locks.setdefault(node, asyncio.Lock()):
+                    body = {"version": "4", "groupKey": node, "status": batch[0]["status"],
+                            "receiver": "fleetmedic", "alerts": batch}
+                    began = time.monotonic()
+                    response = await post(http, body, statuses)
+                    latencies.append(time.monotonic() - began)
+                    answers.extend(response.json()["alerts"])
 
-        began = time.monotonic()
-        await asyncio.gather(*(sender() for _ in range(senders)))
-        wall = time.monotonic() - began
-    runbooks = [w.id async for w in env.client.list_workflows('FleetCluster = "storm"')]
+    began = time.monotonic()
+    await asyncio.gather(*(sender() for _ in range(senders)))
+    wall = time.monotonic() - began
     delivered = sum(1 for a in answers if a["action"] in ("started", "attached"))
     # A signal that arrives while its run's workflow task is in flight is buffered by the server and
     # written to the history when that task completes: count until the histories hold them all, or
-    # a minute has passed (what is still missing then is lost).
+    # a minute has passed (what is still missing then is lost). Every run of each workflow ID counts:
+    # a shadow run can close during the storm, and the node's next firing alert starts it again.
     counted_at = time.monotonic()
     while True:
+        runs = await runs_of(world, "storm")
         signalled = 0
-        for workflow_id in runbooks:
-            history = await env.client.get_workflow_handle(workflow_id).fetch_history()
+        for workflow_id, run_id in runs:
+            history = await world.client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
             signalled += sum(1 for e in history.events if e.HasField("workflow_execution_signaled_event_attributes"))
         if signalled >= delivered or time.monotonic() - counted_at > 60:
             break
         await asyncio.sleep(2)
+    runbooks = {workflow_id for workflow_id, _ in runs}
     return {
         "alerts": len(answers), "nodes": nodes, "senders": senders,
-        "requests": len(latencies), "http_statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "requests": len(latencies), "http_statuses": dict(sorted(statuses.items())),
         "runbooks": len(runbooks), "exactly_one_runbook_per_node": len(runbooks) == nodes,
+        "runs": len(runs),  # more than runbooks: a node's alert after its run closed started it again
         "started": sum(1 for a in answers if a["action"] == "started"),
         "attached": sum(1 for a in answers if a["action"] == "attached"),
         "ignored": sum(1 for a in answers if a["action"] == "ignored"),
@@ -144,79 +129,86 @@ async def storm(env: WorkflowEnvironment, alerts: int, nodes: int, senders: int)
     }
 
 
-async def burst(env: WorkflowEnvironment, nodes: int) -> dict[str, object]:
-    """`nodes` distinct nodes fire at once, one request each: runbooks started per second."""
-    statuses: dict[int, int] = {}
-    started = 0
-    address = env.client.service_client.config.target_host
-    # Same task queue as the storm (the worker polls it), its own cluster (fresh workflow IDs).
-    with WebhookThread(address, "storm", TOKEN, routing=RoutingPolicy(clusters=["storm", "burst"])) as webhook:
-        limits = httpx.Limits(max_connections=nodes, max_keepalive_connections=nodes)
-        async with httpx.AsyncClient(base_url=webhook.url, timeout=60, limits=limits,
-                                     headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-            async def fire(n: int) -> None:
-                nonlocal started
-                alert = {"status": "firing", "fingerprint": f"b{n}", "startsAt": "2026-11-30T00:00:00Z",
-                         "labels": {"alertname": "FleetMedicGpuXid", "node": f"gpu-{n}", "xid": "79", "gpu": "0",
-                                    "cluster": "burst"}}
-                body = {"version": "4", "groupKey": f"b{n}", "status": "firing", "receiver": "fleetmedic",
-                        "alerts": [alert]}
-                while True:
-                    response = await http.post("/v1/alerts/alertmanager", json=body)
-                    statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
-                    if response.status_code < 500:
-                        break
-                started += sum(1 for a in response.json()["alerts"] if a["action"] == "started")
+async def post(http: httpx.AsyncClient, body: Mapping[str, object], statuses: dict[str, int]) -> httpx.Response:
+    """POST a batch as Alertmanager does: a 5xx, or a connection that broke (a kept-alive one the
+    server closed as it was reused), is sent again. Every answer and every break is counted."""
+    while True:
+        try:
+            response = await http.post("/v1/alerts/alertmanager", json=body)
+        except httpx.TransportError as exc:
+            statuses[type(exc).__name__] = statuses.get(type(exc).__name__, 0) + 1
+            continue
+        statuses[str(response.status_code)] = statuses.get(str(response.status_code), 0) + 1
+        if response.status_code < 500:
+            return response
 
-            began = time.monotonic()
-            await asyncio.gather(*(fire(n) for n in range(nodes)))
-            wall = time.monotonic() - began
-    runbooks = [w.id async for w in env.client.list_workflows('FleetCluster = "burst"')]
-    floor = await start_floor(env, nodes)
-    return {"nodes": nodes, "http_statuses": {str(k): v for k, v in sorted(statuses.items())},
+
+async def runs_of(world: BenchWorld, cluster: str) -> list[tuple[str, str]]:
+    """Every run of the cluster's runbooks, as (workflow ID, run ID)."""
+    return [(w.id, w.run_id) async for w in world.client.list_workflows(f'FleetCluster = "{cluster}"')]
+
+
+def webhook_client(world: BenchWorld, connections: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    return httpx.AsyncClient(base_url=world.http.base_url, timeout=60, limits=limits,
+                             headers={"Authorization": f"Bearer {TOKEN}"})
+
+
+async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
+    """`nodes` distinct nodes fire at once, one request each: runbooks started per second, and the
+    CPU seconds each process spent on it."""
+    statuses: dict[str, int] = {}
+    started = 0
+    processes = {"webhook": world.webhook_pid(), "worker": world.worker_pid(), "temporal": world.temporal.pid}
+    async with webhook_client(world, nodes) as http:
+        async def fire(n: int) -> None:
+            nonlocal started
+            alert = {"status": "firing", "fingerprint": f"b{n}", "startsAt": "2026-11-30T00:00:00Z",
+                     "labels": {"alertname": "FleetMedicGpuXid", "node": f"gpu-{n}", "xid": "79", "gpu": "0",
+                                "cluster": "burst"}}
+            body = {"version": "4", "groupKey": f"b{n}", "status": "firing", "receiver": "fleetmedic",
+                    "alerts": [alert]}
+            response = await post(http, body, statuses)
+            started += sum(1 for a in response.json()["alerts"] if a["action"] == "started")
+
+        cpu = {name: cpu_seconds(pid) for name, pid in processes.items()}
+        began = time.monotonic()
+        await asyncio.gather(*(fire(n) for n in range(nodes)))
+        wall = time.monotonic() - began
+        cpu = {name: round(cpu_seconds(pid) - cpu[name], 2) for name, pid in processes.items()}
+    listed_at = time.monotonic()  # the visibility store catches up with the starts
+    while len(runbooks := {workflow_id for workflow_id, _ in await runs_of(world, "burst")}) < started \
+            and time.monotonic() - listed_at < 30:
+        await asyncio.sleep(1)
+    floor = await start_floor(world, nodes)
+    return {"nodes": nodes, "http_statuses": dict(sorted(statuses.items())),
             "started": started, "runbooks": len(runbooks), "exactly_one_runbook_per_node": len(runbooks) == nodes,
-            "wall_s": round(wall, 2), "runbooks_started_per_s": round(started / wall, 1),
+            "wall_s": round(wall, 2), "runbooks_started_per_s": round(started / wall, 1), "cpu_s": cpu,
             "floor_starts_per_s": floor, "over_floor": round(started / wall / floor, 2),
             "meets_target_200_per_s": started / wall >= 200}
 
 
-async def start_floor(env: WorkflowEnvironment, count: int) -> float:
+async def start_floor(world: BenchWorld, count: int) -> float:
     """The same server's own rate: `count` plain starts at once from one client, no webhook (on a
     queue no worker polls, so nothing else competes). The webhook is limited by Temporal when its
     rate is close to this."""
+    client = world.client
     began = time.monotonic()
-    await asyncio.gather(*(env.client.start_workflow("bench-floor", id=f"floor-{n}", task_queue="bench-floor-unpolled")
+    await asyncio.gather(*(client.start_workflow("bench-floor", id=f"floor-{n}", task_queue="bench-floor-unpolled")
                            for n in range(count)))
     rate = count / (time.monotonic() - began)
-    await asyncio.gather(*(env.client.get_workflow_handle(f"floor-{n}").terminate() for n in range(count)))
+    await asyncio.gather(*(client.get_workflow_handle(f"floor-{n}").terminate() for n in range(count)))
     return round(rate, 1)
 
 
 async def main(alerts: int, nodes: int, senders: int, burst_nodes: int) -> dict[str, object]:
-    env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(),
-                                                data_converter=data_converter,
-                                                search_attributes=SEARCH_ATTRIBUTES, dev_server_log_level="error")
     workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-storm-"))
-    try:
-        with contextlib.ExitStack() as stack:
-            kube_line = "none: the worker's Kubernetes calls fail and its runs escalate (scripts/install-kube)"
-            settings = Settings(task_queue="storm", slurm="off", metrics_port=0, kubeconfig=str(workdir / "none"))
-            if not missing_binaries():
-                cluster = stack.enter_context(LocalKubeCluster(workdir / "kube"))
-                install_rbac_and_crds(cluster)
-                world = RealKube(cluster, None, workdir)
-                for n in range(max(nodes, burst_nodes)):
-                    world.put(fleet.node(f"gpu-{n}"))
-                settings = settings.model_copy(update={"kubeconfig": str(world.kubeconfig)})
-                kube_line = "real control plane"
-            policy = parse_policy(yaml.safe_dump({"shadow": {"global": True}, "storage": {"root": str(workdir)},
-                                                  "routing": {"clusters": ["storm", "burst"]}}))
-            async with build_worker(env.client, settings, policy):
-                storm_result = await storm(env, alerts, nodes, senders)
-                burst_result = await burst(env, burst_nodes)
-    finally:
-        await env.shutdown()
-    return {"benchmark": "alert_storm", "kubernetes": kube_line, "storm": storm_result, "burst": burst_result}
+    policy = {"shadow": {"global": True}, "routing": {"clusters": ["storm", "burst"]}}
+    async with BenchWorld([f"gpu-{n}" for n in range(max(nodes, burst_nodes))], workdir, policy) as world:
+        storm_result = await storm(world, alerts, nodes, senders)
+        burst_result = await burst(world, burst_nodes)
+    return {"benchmark": "alert_storm", "kubernetes": "real control plane", "processes": "webhook and worker apart",
+            "storm": storm_result, "burst": burst_result}
 
 
 if __name__ == "__main__":
