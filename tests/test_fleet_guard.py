@@ -312,6 +312,17 @@ async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Clie
             assert (await asyncio.wait_for(second.result(), 60)).outcome == "remediated"
 
 
+async def shows_first_in_line(client: Client, workflow_id: str) -> None:
+    """The run's wait is visible to search, once the guard's answer reached it and the visibility
+    store caught up (both are asynchronous)."""
+    query = f'WorkflowId = "{workflow_id}" AND FleetStep = "waiting for lease (position 1)"'
+    for _ in range(100):
+        if [w async for w in client.list_workflows(query)]:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{workflow_id} never showed its place in line in FleetStep")
+
+
 async def test_a_place_in_line_told_before_the_run_waits_is_shown(client: Client, task_queue: str,
                                                                     kube: KubeEmulatorThread,
                                                                     provider_http: ProviderStandIn, tmp_path: Path,
@@ -338,13 +349,7 @@ async def test_a_place_in_line_told_before_the_run_waits_is_shown(client: Client
         status = await status_when(run, lambda s: s.step == "take disruption lease"
                                    and "paused by dana" in (s.waiting_for or ""), timeout=30)
         assert status.waiting_for == "lease, position 1 (paused by dana)"
-        query = f'WorkflowId = "{run.id}" AND FleetStep = "waiting for lease (position 1)"'
-        for _ in range(100):
-            if [w async for w in client.list_workflows(query)]:
-                break
-            await asyncio.sleep(0.2)
-        else:
-            raise AssertionError("the run never showed its place in line in FleetStep")
+        await shows_first_in_line(client, run.id)
         await run.terminate("test over")
 
 
@@ -370,15 +375,7 @@ async def test_the_lease_of_a_closed_runbook_is_reclaimed(client: Client, task_q
             id=node_workflow_id("xid-recovery", cluster, "gpu-2"), task_queue=task_queue, result_type=RunbookStatus)
         while not (await guard_state(client, cluster)).queue:
             await asyncio.sleep(0.2)
-        # The wait is visible to search (once the guard's answer reached the runbook and the
-        # visibility store caught up: both are asynchronous).
-        query = f'WorkflowId = "{waiter.id}" AND FleetStep = "waiting for lease (position 1)"'
-        for _ in range(100):
-            if [w async for w in client.list_workflows(query)]:
-                break
-            await asyncio.sleep(0.2)
-        else:
-            raise AssertionError("the waiting runbook never showed its place in line in FleetStep")
+        await shows_first_in_line(client, waiter.id)
         await holder.terminate("the worker's host died and an operator cleaned up")
         for _ in range(100):
             state = await guard_state(client, cluster)
