@@ -299,6 +299,22 @@ class RetryPolicyConfig(_Strict):
     # start-to-close of one attempt of an ordinary call; a worker that dies mid-call is noticed
     # after this long. Longer steps (drain) have their own deadline and heartbeat.
     call_timeout: Duration = Field(default_factory=lambda: _td(seconds=30))
+    # How long a wait (a node coming back Ready, a replacement joining, pods leaving, inference
+    # coming home) may go without a heartbeat before the server hands it to another worker: a worker
+    # that dies mid-wait is noticed after this long. Every heartbeat is a write on the Temporal server
+    # (a billed Action on Temporal Cloud), and an incident keeps thousands of runs waiting for hours:
+    # at 30 s, 5,000 waits were ~210 heartbeats a second; at 2 min, ~50. A cancelled run's wait
+    # also learns of it through its heartbeat, so at most this long later.
+    wait_heartbeat: Duration = Field(default_factory=lambda: _td(minutes=2))
+
+    @field_validator("wait_heartbeat")
+    @classmethod
+    def _heartbeat_in_range(cls, value: timedelta) -> timedelta:
+        # A wait wakes every 5 s to heartbeat (activities/node_watch.py TICK_S): below 10 s a busy
+        # worker's wait could time out while alive; past an hour a dead worker's waits stall for hours.
+        if not timedelta(seconds=10) <= value <= timedelta(hours=1):
+            raise ValueError("must be between 10s and 1h")
+        return value
 
 
 class KubeApiPolicy(_Strict):

@@ -67,7 +67,9 @@ async def test_worker_killed_after_each_side_effect(moment: str, client: Client,
 
     # XID 79 as if it left the job alive (catalog job_lost off): the job is signalled and checkpoints.
     policy = quick_policy(tmp_path, provider={"kind": "http", "http": {"url": provider_http.url}},
-                          retries={"call_timeout": "6s"}, xid={"catalog": {79: {"job_lost": False}}})
+                          xid={"catalog": {79: {"job_lost": False}}},
+                          # A killed worker's wait moves on after 10 s, not the default 2 min.
+                          retries={"call_timeout": "6s", "wait_heartbeat": "10s"})
     # A training job on the node: it is signalled, checkpoints, and is requeued once.
     job = slurm.submit(CHECKPOINTING_JOB.format(root=policy.storage.root), "-w", node)
     assert job_on(slurm, job) == node

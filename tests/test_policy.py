@@ -42,6 +42,7 @@ def test_default_policy_file_matches_the_models() -> None:
     ("unknown_section: 1", "unknown_section", "unknown key (valid: approvals, budget, burn_in, drain,"),
     ("budget: {max_concurent: 3}", "budget.max_concurent", "unknown key; did you mean 'max_concurrent'?"),
     ("grace: {checkpoint: 30m1h}", "grace.checkpoint", "largest first"),
+    ("retries: {wait_heartbeat: 1s}", "retries.wait_heartbeat", "between 10s and 1h"),
     ("[1, 2]", "(document)", "must be a mapping"),
     ("grace: {checkpoint: [", "(document)", "not valid YAML"),
 ])

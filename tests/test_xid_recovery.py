@@ -65,6 +65,15 @@ async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None
     assert {name for name, queue in queues.items() if queue == f"{stack.task_queue}-waits"} == {
         "k8s.evict_pods", "k8s.wait_node_ready"}, queues
     assert queues["provider.request"] == stack.task_queue
+    # The waits carry the policy's wait heartbeat (2 min), not an ordinary call's 30 s: a wait that
+    # lasts hours heartbeats a quarter as often, and the server writes each heartbeat. (The server
+    # cuts it to the attempt's own timeout: this test's short deadlines make that 90 s.)
+    waits = [a for a in scheduled if a.task_queue.name == f"{stack.task_queue}-waits"]
+    beats = {a.activity_type.name: a.heartbeat_timeout.ToTimedelta() for a in waits}
+    assert beats == {a.activity_type.name: min(policy.retries.wait_heartbeat, a.start_to_close_timeout.ToTimedelta())
+                     for a in waits}, beats
+    assert min(beats.values()) > policy.retries.call_timeout, beats
+    assert policy.retries.wait_heartbeat == timedelta(minutes=2)
     # The protective step ran inside the run's first workflow task, as a local activity: no task
     # queue, and nothing scheduled before it.
     first_completed = next(e.event_id for e in history.events if e.HasField("workflow_task_completed_event_attributes"))

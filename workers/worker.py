@@ -237,7 +237,10 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
                                                                 initial=protective_pollers(settings)),
     )
     waits = Worker(client, task_queue=wait_queue(settings), activities=activities.waits,
-                   max_concurrent_activities=settings.wait_slots, graceful_shutdown_timeout=SHUTDOWN_GRACE)
+                   max_concurrent_activities=settings.wait_slots, graceful_shutdown_timeout=SHUTDOWN_GRACE,
+                   # A wait heartbeats at 0.8 x its timeout (policy retries.wait_heartbeat), not at the
+                   # SDK's cap of once a minute: the point of a long timeout is fewer writes.
+                   max_heartbeat_throttle_interval=policy.retries.wait_heartbeat)
     others = [protective, waits]
     if FleetGuard in (workflows or WORKFLOWS):
         # The fleet guards on their own queue (and sticky queue): every lease goes through one, and

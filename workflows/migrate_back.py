@@ -124,7 +124,7 @@ class MigrateBack(TrafficRunbook):
             report = await self.call("move a batch home", refs.TRAFFIC_EVICT, EvictPods(
                 pods=[p.ref for p in batch], deadline_s=traffic.batch_timeout.total_seconds(),
                 dry_run=self.dry_run), timeout=traffic.batch_timeout + timedelta(minutes=1),
-                heartbeat=self.call_timeout(), task_queue=self.waits_queue())
+                heartbeat=self.wait_heartbeat(), task_queue=self.waits_queue())
             if report is None:
                 continue
             self.decide("move a batch home", ("would evict " if report.dry_run else "evicted ")
@@ -139,7 +139,7 @@ class MigrateBack(TrafficRunbook):
             home = await self.call("wait for replacements", refs.TRAFFIC_WAIT_HOME, WaitHome(
                 in_cluster_ready=home_before + len(report.evicted), min_fraction=traffic.min_ready_fraction,
                 timeout_s=traffic.batch_timeout.total_seconds()),
-                timeout=traffic.batch_timeout + timedelta(minutes=1), heartbeat=self.call_timeout(),
+                timeout=traffic.batch_timeout + timedelta(minutes=1), heartbeat=self.wait_heartbeat(),
                 task_queue=self.waits_queue())
             if home is not None:
                 self.lowest = min(self.lowest, home.min_ready_ratio)

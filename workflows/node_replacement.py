@@ -88,7 +88,7 @@ class ReplacementSteps(RemediateSteps):
                 window = min(deadline - workflow.now(), SEARCH_WINDOW)
                 found = await self.call(step, refs.FIND_REPLACEMENT,
                                         FindReplacement(follow=follow, timeout_s=max(window.total_seconds(), 1)),
-                                        timeout=window + self.call_timeout(), heartbeat=self.call_timeout(),
+                                        timeout=window + self.call_timeout(), heartbeat=self.wait_heartbeat(),
                                         task_queue=self.waits_queue())
                 if found is None:
                     return None  # skipped by an operator: nothing to follow

@@ -93,7 +93,7 @@ class ReturnSteps(ReplacementSteps):
                 WaitNodeReady(node=self.node, since=since if rejoined and not self.replaced_signal
                               and not self.new_machine else None,
                               timeout_s=max(window.total_seconds(), 1)),
-                timeout=window + self.call_timeout(), heartbeat=self.call_timeout(),
+                timeout=window + self.call_timeout(), heartbeat=self.wait_heartbeat(),
                 summary="wait for node Ready: watch", task_queue=self.context.wait_queue)
             self.check_abort()
         if back is None:

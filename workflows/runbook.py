@@ -365,6 +365,12 @@ class Runbook:
     def call_timeout(self) -> timedelta:
         return self.policy.retries.call_timeout if self.policy else SHORT
 
+    def wait_heartbeat(self) -> timedelta:
+        """The heartbeat timeout of a wait on the waits queue (policy `retries.wait_heartbeat`):
+        longer than an ordinary call's, since thousands of runs wait for hours in an incident and
+        each heartbeat is a write on the server. Not a command attribute a replay compares."""
+        return self.policy.retries.wait_heartbeat if self.policy else SHORT
+
     def waits_queue(self) -> str | None:
         """Where an activity that waits runs (activities/waits.py: async, holding no thread): the
         run's queue's `-waits` twin. Runs recorded before the waits moved there keep them on the
