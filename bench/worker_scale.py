@@ -6,9 +6,12 @@ state a fleet-wide incident leaves a worker in. One `fleetmedic worker` process,
 control plane, Debian's slurmctld and the Temporal dev server (bench/world.py). Reported: whether
 every run got there without an error, escalation or client-pool warning; the worker's peak RSS
 (target < 1 GiB); CPU seconds per run of the worker and of the Temporal server; and how long it
-took to get all of them there.
+took to get all of them there. Then, with every run waiting (`--hold` seconds), what the waits
+alone cost: the heartbeats the Temporal server records a second (each a write; a billed action
+on Temporal Cloud), the seconds between two heartbeats of one wait, and the server's and the
+worker's CPU.
 
-    python bench/worker_scale.py [--runs 5000]
+    python bench/worker_scale.py [--runs 5000] [--hold 300] [--wait-heartbeat 2m]
 
 Prints one JSON object.
 """
@@ -34,11 +37,14 @@ WAITING = f'FleetCluster = "{CLUSTER}" AND FleetStep = "wait for node Ready"'
 CLOSED = f'FleetCluster = "{CLUSTER}" AND ExecutionStatus != "Running"'
 
 
-async def main(runs: int, deadline_s: float) -> dict[str, Any]:
+HEARTBEAT = "RecordActivityTaskHeartbeat"
+
+
+async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str) -> dict[str, Any]:
     nodes = [f"gpu-{i}" for i in range(runs)]
     policy = {"budget": {"max_concurrent": 100000, "max_unavailable_fraction": 1.0, "max_per_hour": 1000000,
                          "topology_label": None},
-              "grace": {"node_ready_deadline": "6h"}}
+              "grace": {"node_ready_deadline": "6h"}, "retries": {"wait_heartbeat": wait_heartbeat}}
     workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-scale-"))
     # 5,000 kwok nodes renewing 40 s leases are 500 API writes a second, which on two cores starved
     # everything else (after 40 min not one run had got there): a 20-minute lease is ~4 a second.
@@ -58,6 +64,14 @@ async def main(runs: int, deadline_s: float) -> dict[str, Any]:
         ramp_s = time.monotonic() - began
         worker_cpu = cpu_seconds(world.worker_pid()) - worker_cpu
         server_cpu = cpu_seconds(world.temporal.pid) - server_cpu
+        # The waits alone: nothing else moves (the replacements take longer than the benchmark).
+        beats, held = world.server_requests(HEARTBEAT), time.monotonic()
+        hold_worker_cpu, hold_server_cpu = cpu_seconds(world.worker_pid()), cpu_seconds(world.temporal.pid)
+        await asyncio.sleep(hold_s)
+        held = time.monotonic() - held
+        beats = world.server_requests(HEARTBEAT) - beats
+        hold_worker_cpu = cpu_seconds(world.worker_pid()) - hold_worker_cpu
+        hold_server_cpu = cpu_seconds(world.temporal.pid) - hold_server_cpu
         rss = peak_rss_mib(world.worker_pid())
         closed = (await world.client.count_workflows(CLOSED)).count
         log = world.worker.log.read_text(errors="replace")
@@ -69,6 +83,11 @@ async def main(runs: int, deadline_s: float) -> dict[str, Any]:
         "worker_peak_rss_mib": round(rss, 1), "target_rss_mib": 1024, "meets_rss_target": rss < 1024,
         "worker_cpu_s_per_run": round(worker_cpu / runs, 4), "temporal_cpu_s_per_run": round(server_cpu / runs, 4),
         "ramp_s": round(ramp_s, 1), "runs_per_s": round(waiting / ramp_s, 1),
+        "hold": {"seconds": round(held, 1), "wait_heartbeat": wait_heartbeat,
+                 "heartbeats_per_s": round(beats / held, 1),
+                 "s_between_heartbeats_of_a_wait": round(waiting * held / beats, 1) if beats else None,
+                 "temporal_cpu_share": round(hold_server_cpu / held, 3),
+                 "worker_cpu_share": round(hold_worker_cpu / held, 3)},
     }
 
 
@@ -76,5 +95,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5000)
     parser.add_argument("--deadline", type=float, default=3600, help="seconds to wait for every run to get there")
+    parser.add_argument("--hold", type=float, default=300, help="seconds to measure the waits alone after that")
+    parser.add_argument("--wait-heartbeat", default="2m", help="the policy's retries.wait_heartbeat")
     options = parser.parse_args()
-    print(json.dumps(asyncio.run(main(options.runs, options.deadline))))
+    print(json.dumps(asyncio.run(main(options.runs, options.deadline, options.hold, options.wait_heartbeat))))

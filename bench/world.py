@@ -184,6 +184,17 @@ class BenchWorld:
             await self.http.aclose()
         self.stack.close()
 
+    def server_requests(self, operation: str) -> float:
+        """How many `operation` calls (e.g. RecordActivityTaskHeartbeat) the Temporal server's
+        frontend has served so far: its own metrics, at the address its banner gives."""
+        banner = (self.workdir / "temporal" / "temporal.log").read_text(errors="replace")
+        found = re.search(r"Temporal Metrics:\s+(\S+)", banner)
+        if found is None:
+            raise SystemExit(json.dumps({"error": "the Temporal dev server printed no metrics address"}))
+        wanted = f'operation="{operation}",service_name="frontend"'
+        return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(found[1], timeout=30).text.splitlines()
+                   if line.startswith("service_requests{") and wanted in line)
+
     def worker_pid(self) -> int:
         assert self.worker.proc is not None
         return self.worker.proc.pid
