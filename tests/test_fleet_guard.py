@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -12,7 +13,9 @@ from typing import Any
 
 from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowHandle
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Replayer
 
 from activities.guard import GuardActivities
@@ -499,3 +502,40 @@ def test_a_long_line_hears_of_its_places_without_a_signal_per_waiter_per_grant()
         line.pop(0)
     assert signals < 2000 * 60, signals
     assert not worth_telling(7, 7) and worth_telling(None, 4000) and worth_telling(3, 4)
+
+
+async def test_a_guard_that_cannot_take_a_request_fails_the_attempt_in_one_line(client: Client) -> None:
+    """A server that stops answering (here the connection to it goes away; under a storm, "Workflow
+    is busy" on the guard's history) fails the attempt with a line an escalation can show, retryable:
+    the step's bounded retry sends it again."""
+    host, port = client.service_client.config.target_host.rsplit(":", 1)
+    streams: list[asyncio.StreamWriter] = []
+
+    async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+        sink.close()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        streams.extend((writer, up_writer))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    relay_server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    through = await Client.connect(f"127.0.0.1:{relay_server.sockets[0].getsockname()[1]}",
+                                   data_converter=data_converter)
+    relay_server.close()  # the server goes away: no new connection, and the one open is cut
+    for stream in streams:
+        stream.close()
+    guard = GuardActivities(through, "nowhere")
+    request = LeaseRequest(workflow_id="xid-recovery/test/gpu-node-0", node="gpu-node-0")
+    try:
+        await ActivityEnvironment().run(guard.request_lease, "test", request)
+    except ApplicationError as err:
+        assert err.type == "Unavailable" and not err.non_retryable
+        assert err.message.startswith("the fleet guard of test did not take the request (UNAVAILABLE: "), err
+        assert "\n" not in err.message
+    else:
+        raise AssertionError("a request no server took passed")
