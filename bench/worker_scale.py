@@ -66,10 +66,10 @@ async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str)
         server_cpu = cpu_seconds(world.temporal.pid) - server_cpu
         # The waits alone once every run is there (all_there): nothing else moves, the replacements
         # take longer than the benchmark. Otherwise the ramp goes on during the hold.
-        beats, held = world.server_requests(HEARTBEAT), time.monotonic()
+        beats, hold_began = world.server_requests(HEARTBEAT), time.monotonic()
         hold_worker_cpu, hold_server_cpu = cpu_seconds(world.worker_pid()), cpu_seconds(world.temporal.pid)
         await asyncio.sleep(hold_s)
-        held = time.monotonic() - held
+        held = time.monotonic() - hold_began
         beats = world.server_requests(HEARTBEAT) - beats
         hold_worker_cpu = cpu_seconds(world.worker_pid()) - hold_worker_cpu
         hold_server_cpu = cpu_seconds(world.temporal.pid) - hold_server_cpu

@@ -22,6 +22,7 @@ import httpx
 import yaml
 from kubernetes import client as k8s_client
 from kubernetes import watch
+from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client
 
 from devstack import fleet
@@ -191,9 +192,10 @@ class BenchWorld:
         found = re.search(r"Temporal Metrics:\s+(\S+)", banner)
         if found is None:
             raise SystemExit(json.dumps({"error": "the Temporal dev server printed no metrics address"}))
-        wanted = f'operation="{operation}",service_name="frontend"'
-        return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(found[1], timeout=30).text.splitlines()
-                   if line.startswith("service_requests{") and wanted in line)
+        families = text_string_to_metric_families(httpx.get(found[1], timeout=30).text)
+        return sum(sample.value for family in families if family.name == "service_requests"
+                   for sample in family.samples
+                   if sample.labels.get("operation") == operation and sample.labels.get("service_name") == "frontend")
 
     def worker_pid(self) -> int:
         assert self.worker.proc is not None

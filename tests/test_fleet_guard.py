@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
@@ -531,11 +532,9 @@ async def test_a_guard_that_cannot_take_a_request_fails_the_attempt_in_one_line(
         stream.close()
     guard = GuardActivities(through, "nowhere")
     request = LeaseRequest(workflow_id="xid-recovery/test/gpu-node-0", node="gpu-node-0")
-    try:
+    with pytest.raises(ApplicationError) as caught:
         await ActivityEnvironment().run(guard.request_lease, "test", request)
-    except ApplicationError as err:
-        assert err.type == "Unavailable" and not err.non_retryable
-        assert err.message.startswith("the fleet guard of test did not take the request (UNAVAILABLE: "), err
-        assert "\n" not in err.message
-    else:
-        raise AssertionError("a request no server took passed")
+    err = caught.value
+    assert err.type == "Unavailable" and not err.non_retryable
+    assert err.message.startswith("the fleet guard of test did not take the request (UNAVAILABLE: "), err
+    assert "\n" not in err.message
