@@ -27,7 +27,7 @@ from temporalio import activity
 from activities.errors import fail, from_http_status, reread_on_conflict
 from activities.node_watch import NodeWatch
 from activities.shared_reads import SharedReads
-from activities.waits import BlockingCalls
+from activities.waits import BlockingCalls, window_left
 from fleetmedic.errors import ErrorKind
 from fleetmedic.lemon import with_remediation
 from fleetmedic.models import (
@@ -250,8 +250,8 @@ class KubernetesActivities:
         """Until the node is Ready again after `since`; None at the timeout. No thread and no
         connection of its own: the worker's one node watch (activities/node_watch.py) wakes it.
 
-        The runbook calls it again until its own durable deadline, so a 30-minute wait costs a
-        handful of history events, not one per poll.
+        One call spans the run's deadline (runs recorded before called it again every 5 minutes), so
+        a 30-minute wait costs a handful of history events and the heartbeats; an abort cancels it.
         """
         def back(info: NodeInfo | None) -> NodeInfo | None:  # None: a replacement has not registered yet
             if info is None or not info.ready:
@@ -259,7 +259,7 @@ class KubernetesActivities:
             fresh = request.since is None or (info.ready_since is not None and info.ready_since >= request.since)
             return info if fresh else None
 
-        return await self.node_watch.wait(request.node, back, request.timeout_s,
+        return await self.node_watch.wait(request.node, back, window_left(request.timeout_s),
                                           lambda: activity.heartbeat("waiting for Ready"))
 
     # --- node writes ---------------------------------------------------------------------------

@@ -10,7 +10,10 @@ import asyncio
 import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any, TypeVar
+
+from temporalio import activity
 
 T = TypeVar("T")
 
@@ -28,3 +31,15 @@ class BlockingCalls:
 
     async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args))
+
+
+def window_left(timeout_s: float) -> float:
+    """How long this attempt of a wait may wait: its whole window the first time; on a retry (the
+    worker running it died, and its heartbeat timed out), what is left of the window counted from
+    when the run first asked. A wait spans the run's deadline, so a retry that waited its window
+    again would let the run's deadline slip by as long as the first attempt had waited."""
+    info = activity.info()
+    if info.attempt <= 1:
+        return timeout_s
+    waited = (datetime.now(UTC) - info.scheduled_time).total_seconds()
+    return max(timeout_s - waited, 1.0)

@@ -3,8 +3,11 @@ error path (failures injected by the fault proxy in front of it)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from functools import cache
 
 import pytest
@@ -13,9 +16,10 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.kube_client import load_api_client
 from activities.kubernetes import PRE_CORDONED, KubernetesActivities
+from activities.waits import window_left
 from devstack import fleet
 from devstack.kube_emulator import KubeEmulatorThread
-from fleetmedic.models import EventRequest, EvictRequest, NodeTarget, Taint, TaintRequest
+from fleetmedic.models import EventRequest, EvictRequest, NodeTarget, Taint, TaintRequest, WaitNodeReady
 from fleetmedic.policy import Policy
 from tests.harness import own_taints
 from tests.harness import run_activity as run
@@ -220,6 +224,24 @@ def test_wait_node_ready_watches_until_the_node_is_back(kube: KubeEmulatorThread
     assert back is not None and back.ready and back.ready_since is not None and back.ready_since >= since
     gets = [r for r in kube.emulator.requests() if r.verb == "watch"]
     assert gets, "the activity watches instead of polling"
+
+
+def test_a_retried_wait_waits_only_what_is_left_of_the_runs_window(kube: KubeEmulatorThread,
+                                                                   k8s: KubernetesActivities) -> None:
+    """A wait spans the run's deadline. When the worker running it dies (its heartbeat times out),
+    the next attempt waits what is left of the window counted from the run's request, not the whole
+    window again: the run's deadline must not slip by as long as the first attempt waited."""
+    asked = datetime.now(UTC) - timedelta(minutes=10)
+    retry = ActivityEnvironment()
+    retry.info = dataclasses.replace(retry.info, attempt=2, scheduled_time=asked)
+    assert retry.run(window_left, 3600.0) == pytest.approx(3000, abs=30)
+    assert retry.run(window_left, 600.0) == 1.0  # past its window: one last look
+    first = ActivityEnvironment()
+    first.info = dataclasses.replace(first.info, attempt=1, scheduled_time=asked)
+    assert first.run(window_left, 600.0) == 600.0  # the first attempt waits its whole window, whatever the clocks say
+    # The wait itself: a retry past its window looks once and answers "not yet", it does not wait 10 minutes.
+    never = WaitNodeReady(node="n1", since=datetime.now(UTC).replace(year=2030), timeout_s=600)
+    assert asyncio.run(asyncio.wait_for(retry.run(k8s.wait_node_ready, never), 60)) is None
 
 
 def test_wait_node_ready_times_out_and_waits_for_a_missing_node(kube: KubeEmulatorThread,

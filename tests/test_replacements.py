@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.sdk.v1 import WorkflowMetadata
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 
 from devstack import fleet
 from devstack.controllers import set_ready
@@ -31,7 +33,7 @@ from devstack.provider_controllers import (
 )
 from devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
 from devstack.standins import ProviderStandIn, SlackStandIn
-from fleetmedic.models import EscalationAnswer, RunbookStatus
+from fleetmedic.models import EscalationAnswer, Operator, Replaced, RunbookStatus
 from fleetmedic.policy import Policy
 from tests.conftest import require
 from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy
@@ -99,10 +101,11 @@ def nothing() -> Iterator[Replacing]:
     yield Replacing()  # the manual provider: a person does it (see person_replaces)
 
 
-def person_replaces(stack: Stack, new: str) -> Callable[[WorkflowHandle[Any, Any]], Any]:
-    """The manual provider's person: swaps the machine, then says so with the CLI."""
+def person_replaces(stack: Stack, new: str, waits_for: str = "`replaced`") -> Callable[[WorkflowHandle[Any, Any]], Any]:
+    """The manual provider's person (or one who gives up on the provider's): swaps the machine,
+    then says so with the CLI, once the run waits for `waits_for`."""
     async def during(handle: WorkflowHandle[Any, Any]) -> None:
-        await status_when(handle, lambda s: "`replaced`" in (s.waiting_for or ""), timeout=90)
+        await status_when(handle, lambda s: waits_for in (s.waiting_for or ""), timeout=90)
         set_ready(stack.kube, OLD, False)
         stack.kube.put(fleet.node(new))
         done = await asyncio.to_thread(stack.cli, "replaced", handle.id, "--new-node", new, "--by", "alice")
@@ -206,6 +209,93 @@ async def test_no_replacement_within_the_deadline_escalates(replacing: Stack, pr
     assert not any(line.startswith(f"start host={NEW}") for line in job_log(policy, job))
     assert "DOWN" in stack.slurm.node_states(OLD)
     assert stack.kube.get("v1", "Node", NEW) is None
+
+
+SEARCHING = "cluster-api to bring the replacement"
+
+
+def searches(history: WorkflowHistory) -> list[HistoryEvent]:
+    return [e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
+            and e.activity_task_scheduled_event_attributes.activity_type.name == "provider.find_replacement"]
+
+
+async def test_an_abort_ends_the_search_for_a_replacement_at_once(replacing: Stack) -> None:
+    """The search for the new machine is one activity up to the run's deadline (30 minutes here),
+    not a 5-minute window asked again: an operator's abort does not wait for it. The run ends
+    `aborted` at once, and the search stops at its next heartbeat — the provider is asked no more."""
+    stack = replacing
+    policy = quick_policy(stack.tmp_path, provider=provider_policy(stack, "cluster-api"),
+                          grace={"node_ready_deadline": "30m"}, retries={"wait_heartbeat": "10s"})
+    job_on(stack.slurm, stack.slurm.submit(CHECKPOINTING_JOB.format(root=policy.storage.root)))
+
+    machines = f"/apis/cluster.x-k8s.io/v1beta1/namespaces/{CAPI_NAMESPACE}/machines"
+
+    def provider_looks() -> int:  # the search's looks, as the API server saw them
+        return sum(1 for r in stack.kube.requests(("worker",)) if r.verb == "list" and r.url.path == machines)
+
+    async def operator_aborts(handle: WorkflowHandle[Any, Any]) -> None:
+        await status_when(handle, lambda s: SEARCHING in (s.waiting_for or ""), timeout=120)
+        await handle.signal("abort", Operator(by="alice", reason="the rack is being decommissioned"))
+        await asyncio.wait_for(handle.result(), 60)
+        # The worker (still running) hears of the cancel with the search's next heartbeat (every
+        # 8 s at 10 s) and stops it: no look at the Machines for longer than three 2-second looks.
+        loop = asyncio.get_running_loop()
+        began = last_change = loop.time()
+        looks = provider_looks()
+        assert looks > 0
+        while loop.time() - last_change < 6:
+            assert loop.time() - began < 60, "the search went on asking the provider after the run was aborted"
+            await asyncio.sleep(0.5)
+            if (now := provider_looks()) != looks:
+                looks, last_change = now, loop.time()
+
+    with world(stack, "cluster-api", [NEW], replace=False):
+        report, handle = await stack.run(OLD, policy=policy, controller=False, during=operator_aborts, timeout=60)
+
+    assert report.outcome == "aborted", report
+    assert any("alice" in d.result and "decommissioned" in d.result for d in report.decisions), report.decisions
+    history = await handle.fetch_history()
+    [search] = searches(history)  # one search for the whole deadline, cancelled
+    timeout = search.activity_task_scheduled_event_attributes.start_to_close_timeout.ToTimedelta()
+    assert timeout > timedelta(minutes=29), timeout
+    cancels = [e.activity_task_cancel_requested_event_attributes.scheduled_event_id for e in history.events
+               if e.HasField("activity_task_cancel_requested_event_attributes")]
+    assert cancels == [search.event_id]
+    assert "DOWN" in stack.slurm.node_states(OLD)  # what the run did stays
+
+
+async def test_an_operator_who_names_the_replacement_ends_the_providers_search(replacing: Stack) -> None:
+    """Cluster API never brings a machine; a person does and says so (`fleetmedic replaced
+    --new-node`) while the run searches: the run follows that node at once, not at its deadline.
+    A name that is no node's (the UI's signal form takes any text) is ignored, and the run says so."""
+    stack = replacing
+    policy = quick_policy(stack.tmp_path, provider=provider_policy(stack, "cluster-api"),
+                          grace={"node_ready_deadline": "30m"})
+    job = stack.slurm.submit(CHECKPOINTING_JOB.format(root=policy.storage.root))
+    job_on(stack.slurm, job)
+
+    person = person_replaces(stack, NEW, waits_for=SEARCHING)
+
+    async def during(handle: WorkflowHandle[Any, Any]) -> None:
+        # First a name that is no node's, as the UI's signal form would send it: ignored, said so.
+        await status_when(handle, lambda s: SEARCHING in (s.waiting_for or ""), timeout=90)
+        await handle.signal("replaced", Replaced(by="mallory", new_node="gpu-node-41 --all"))
+        status = await status_when(handle, lambda s: any("ignored mallory's" in d.result for d in s.decisions),
+                                   timeout=30)
+        assert SEARCHING in (status.waiting_for or ""), status
+        await person(handle)
+
+    with world(stack, "cluster-api", [NEW], replace=False):
+        report, handle = await stack.run(OLD, policy=policy, controller=False, timeout=120, during=during)
+
+    assert report.outcome == "remediated", report
+    assert any("not a valid Kubernetes node name" in d.result for d in report.decisions), report.decisions
+    assert any(d.step == "find replacement" and d.result == f"alice named the replacement: {NEW}"
+               for d in report.decisions), report.decisions
+    assert any(d.step == "take in replacement" and d.result == f"{OLD} replaced by {NEW}" for d in report.decisions)
+    assert job_log(policy, job)[-1].startswith(f"start host={NEW} restarts=1"), job_log(policy, job)
+    [search] = searches(await handle.fetch_history())
+    assert search.activity_task_scheduled_event_attributes.start_to_close_timeout.ToTimedelta() > timedelta(minutes=29)
 
 
 BURN_IN = """#!/bin/sh

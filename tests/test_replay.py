@@ -79,7 +79,11 @@ def test_there_are_histories_to_replay() -> None:
                                            "hot-gpu-pull-protective-local-activity",
                                            "nvlink-fault-replace-protective-local-activity",
                                            # the fleet guard's signals, a batch a workflow task (#20)
-                                           "fleet-guard-signals-in-batches"}
+                                           "fleet-guard-signals-in-batches",
+                                           # a wait spans its deadline, ended by an abort or an
+                                           # operator's `replaced`, the third fold (#20)
+                                           "xid-recovery-waits-span-deadline", "xid-recovery-search-aborted",
+                                           "xid-recovery-replacement-named-by-operator"}
 
 
 @workflow.defn(name="xid-recovery", sandboxed=False)

@@ -246,6 +246,32 @@ async def test_reset_class_xid_without_an_agent_falls_back_to_reboot(stack: Stac
     assert any("falling back to reboot" in d.result for d in report.decisions)
 
 
+async def test_a_person_who_repaired_the_node_in_place_ends_the_wait_for_its_reboot(stack: Stack) -> None:
+    """The provider took the reboot and nothing came of it (the node never went NotReady); a person
+    fixes the node in place and says so (`fleetmedic replaced`, no new name) while the run waits for
+    a Ready newer than its request — one wait up to its 30-minute deadline: the run takes the
+    node's present Ready at once, not when the wait ends."""
+    policy = stack.policy(grace={"node_ready_deadline": "30m"})
+
+    async def person_repairs(handle: WorkflowHandle[Any, Any]) -> None:
+        await status_when(handle, lambda s: (s.waiting_for or "").startswith("node gpu-node-1 Ready after"),
+                          timeout=90)
+        done = await asyncio.to_thread(stack.cli, "replaced", handle.id, "--by", "alice")
+        assert done.returncode == 0, done.stderr
+
+    report, handle = await stack.run("gpu-node-1", xid=48, policy=policy, controller=False, during=person_repairs,
+                                     timeout=60)
+    assert report.outcome == "remediated", report.decisions
+    assert [(r["node"], r["action"]) for r in stack.provider.accepted()] == [("gpu-node-1", "reboot")]
+    assert not stack.node("gpu-node-1")["spec"].get("unschedulable")
+    waits = [e.activity_task_scheduled_event_attributes for e in (await handle.fetch_history()).events
+             if e.HasField("activity_task_scheduled_event_attributes")
+             and e.activity_task_scheduled_event_attributes.activity_type.name == "k8s.wait_node_ready"]
+    # The first wait spanned the deadline and was cancelled; the second counted the present Ready.
+    assert len(waits) == 2 and waits[0].start_to_close_timeout.ToTimedelta() > timedelta(minutes=29)
+    assert '"since":null' in waits[1].input.payloads[0].data.decode().replace(" ", "")
+
+
 async def test_reset_class_xid_resets_the_gpu_through_the_agent_and_validates(stack: Stack) -> None:
     with AgentStandIn() as agent:
         assert isinstance(agent, AgentStandIn)

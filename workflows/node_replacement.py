@@ -26,6 +26,7 @@ from temporalio.exceptions import ActivityError
 
 from workflows.node_base import POLL
 from workflows.node_remediate import RemediateSteps
+from workflows.patches import WAITS_SPAN_DEADLINE
 from workflows.runbook import In, RunbookAborted
 
 with workflow.unsafe.imports_passed_through():
@@ -41,7 +42,8 @@ with workflow.unsafe.imports_passed_through():
         SlurmNodeState,
     )
 
-# The longest single search for a replacement; the run asks again until its deadline.
+# The longest single search for a replacement of runs recorded before a search spanned its whole
+# deadline (WAITS_SPAN_DEADLINE); the run asked again until its deadline.
 SEARCH_WINDOW = timedelta(minutes=5)
 
 
@@ -85,11 +87,17 @@ class ReplacementSteps(RemediateSteps):
                 where = f" in {follow.group}" if follow.group else ""
                 self.waiting_for = (f"{follow.provider} to bring the replacement of {follow.old_node}{where} "
                                     f"(until {deadline.isoformat()})")
-                window = min(deadline - workflow.now(), SEARCH_WINDOW)
+                spans = self.patched(WAITS_SPAN_DEADLINE)
+                window = deadline - workflow.now() if spans else min(deadline - workflow.now(), SEARCH_WINDOW)
                 found = await self.call(step, refs.FIND_REPLACEMENT,
                                         FindReplacement(follow=follow, timeout_s=max(window.total_seconds(), 1)),
                                         timeout=window + self.call_timeout(), heartbeat=self.wait_heartbeat(),
-                                        task_queue=self.waits_queue())
+                                        task_queue=self.waits_queue(),
+                                        until=self.operator_named_replacement if spans else None)
+                signal = self.replaced_signal
+                if spans and signal is not None and signal.new_node is not None:
+                    self.decide(step, f"{signal.by} named the replacement: {signal.new_node}")
+                    return signal.new_node
                 if found is None:
                     return None  # skipped by an operator: nothing to follow
                 if found.node is not None:
@@ -104,6 +112,11 @@ class ReplacementSteps(RemediateSteps):
             if answer.action == "skip":
                 self.decide(step, f"{answer.by} gave up on the replacement")
                 return None
+
+    def operator_named_replacement(self) -> bool:
+        """An operator named the new node (`replaced --new-node`) while the run searched: it ends
+        the search, as a provider's answer would (the machine came some other way)."""
+        return self.replaced_signal is not None and self.replaced_signal.new_node is not None
 
     async def take_in(self, new: str) -> None:
         """The run goes on with the new node; it stays out of Slurm until it has passed everything."""

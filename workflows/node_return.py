@@ -9,6 +9,7 @@ from temporalio import workflow
 
 from workflows.node_base import POLL
 from workflows.node_replacement import ReplacementSteps
+from workflows.patches import WAITS_SPAN_DEADLINE
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
@@ -87,14 +88,15 @@ class ReturnSteps(ReplacementSteps):
         back: NodeInfo | None = None
         while back is None and workflow.now() < deadline:
             self.waiting_for = f"node {self.node} Ready after {requested_at.isoformat()} (until {deadline.isoformat()})"
-            window = min(deadline - workflow.now(), timedelta(minutes=5))
+            spans = self.patched(WAITS_SPAN_DEADLINE)
+            window = deadline - workflow.now() if spans else min(deadline - workflow.now(), timedelta(minutes=5))
+            after = since if rejoined and not self.replaced_signal and not self.new_machine else None
             back = await self.call(
                 "wait for node Ready", refs.WAIT_NODE_READY,
-                WaitNodeReady(node=self.node, since=since if rejoined and not self.replaced_signal
-                              and not self.new_machine else None,
-                              timeout_s=max(window.total_seconds(), 1)),
+                WaitNodeReady(node=self.node, since=after, timeout_s=max(window.total_seconds(), 1)),
                 timeout=window + self.call_timeout(), heartbeat=self.wait_heartbeat(),
-                summary="wait for node Ready: watch", task_queue=self.context.wait_queue)
+                summary="wait for node Ready: watch", task_queue=self.context.wait_queue,
+                until=self.repaired_in_place if spans and after is not None else None)
             self.check_abort()
         if back is None:
             self.decide("wait for node Ready", f"node {self.node} did not come back Ready within "
@@ -111,6 +113,12 @@ class ReturnSteps(ReplacementSteps):
         failed = [f"{c.name}={c.value}" for c in verdict.checks if not c.passed]
         self.decide("validate", "passed" if verdict.passed else f"failed: {', '.join(failed)}")
         return verdict.passed
+
+    def repaired_in_place(self) -> bool:
+        """A person says the node was repaired (`replaced`, no new name) while the run waits for a
+        Ready after its request: the node's present Ready counts, so the wait starts again without
+        `since` (an in-place repair may never have taken the node NotReady)."""
+        return self.replaced_signal is not None
 
     async def confirm_jobs_resumed(self, jobs: list[SlurmJob]) -> list[int]:
         """The requeued jobs run again (RUNNING, restart count up). Returns those that did not."""

@@ -49,6 +49,9 @@ PROTECT_IN_TASK = "protective-local-activity"
 SHOWN_WHEN_WAITING = "search-attributes-when-waiting"
 # The fleet guard sends at most `budget.guard_signals_per_task` signals a workflow task.
 GUARD_SIGNALS_IN_BATCHES = "guard-signals-in-batches"
+# A wait for a replacement or for Ready is one activity up to its deadline, ended early (cancelled)
+# by an abort or an operator's `replaced`, not a 5-minute window the run schedules again (node runbooks).
+WAITS_SPAN_DEADLINE = "waits-span-their-deadline"
 
 # Each fold: the marker a run started on its code records first, and the patches it takes with it
 # (fixed, like the runs recorded under them: a new one goes into a new fold, never an old one).
@@ -57,6 +60,9 @@ FOLDS: tuple[tuple[str, frozenset[str]], ...] = (
     ("patches-decided-before-local-activities-2",
      FOLDED_PATCHES | {"lemon-count-from-protective-read", PROTECT_IN_TASK, SHOWN_WHEN_WAITING,
                       GUARD_SIGNALS_IN_BATCHES}),
+    ("patches-decided-before-local-activities-3",
+     FOLDED_PATCHES | {"lemon-count-from-protective-read", PROTECT_IN_TASK, SHOWN_WHEN_WAITING,
+                      GUARD_SIGNALS_IN_BATCHES, WAITS_SPAN_DEADLINE}),
 )
 
 

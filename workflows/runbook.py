@@ -17,6 +17,7 @@ imports a client library.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -51,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
         StepRecord,
     )
     from fleetmedic.policy import Policy, shared
+    from fleetmedic.trust import node_name_error
 
 from workflows.patches import SHOWN_WHEN_WAITING, Patches
 
@@ -219,6 +221,11 @@ class Runbook:
 
     @workflow.signal(description='A person replaced or repaired the node: {"by": "alice", "new_node": null}')
     def replaced(self, replaced: Replaced) -> None:
+        # The UI's signal form takes any text (the CLI checks the name first): a name that is not a
+        # node's reaches neither the API nor Slurm, and the run says why it did not follow it.
+        if replaced.new_node is not None and (error := node_name_error(replaced.new_node)) is not None:
+            self.decide(self.step_name, f"ignored {replaced.by}'s `replaced`: {error}")
+            return
         self.replaced_signal = replaced
 
     @workflow.update(description='Approve the step the run waits on: {"by": "alice", "reason": "..."}')
@@ -382,13 +389,15 @@ class Runbook:
     async def call(self, step: str, activity: Activity[In, Out], arg: In, *,
                    timeout: timedelta | None = None, retry: RetryPolicy | None = None,
                    heartbeat: timedelta | None = None, summary: str | None = None,
-                   escalate: bool = True, task_queue: str | None = None, in_task: bool = False) -> Out | None:
+                   escalate: bool = True, task_queue: str | None = None, in_task: bool = False,
+                   until: Callable[[], bool] | None = None) -> Out | None:
         """Run one activity; when its retries are exhausted, escalate and wait for an answer.
         `task_queue`: another queue than the run's. `in_task`: as a local activity, inside the
         workflow task that asks for it, on the worker running the run (the protective step: no
-        round trip through the server, no queue to wait in).
+        round trip through the server, no queue to wait in). `until`: a long wait that an abort
+        or `until()` ends early (`until_done`).
 
-        Returns None when the operator answered `skip`.
+        Returns None when the operator answered `skip`, or `until()` ended the wait.
         """
         while True:
             self.check_abort()
@@ -397,8 +406,14 @@ class Runbook:
                                        "retry_policy": retry or self.retry("reads"),
                                        "summary": summary or f"{step}: {activity.name}"}
             try:
-                result: Out = await (local(activity, arg, **options) if in_task else execute(
-                    activity, arg, heartbeat_timeout=heartbeat, task_queue=task_queue, **options))
+                if in_task:
+                    result: Out | None = await local(activity, arg, **options)
+                elif until is None:
+                    result = await execute(activity, arg, heartbeat_timeout=heartbeat, task_queue=task_queue,
+                                           **options)
+                else:
+                    result = await self.until_done(start(activity, arg, heartbeat_timeout=heartbeat,
+                                                         task_queue=task_queue, **options), until)
             # A local activity whose retries ran out raises its own error, not wrapped in an
             # ActivityError as a task queue's activity is (its timeout is wrapped): both escalate.
             except (ActivityError, ApplicationError) as err:
@@ -415,6 +430,20 @@ class Runbook:
             if isinstance(result, ActionResult):
                 self.actions.append(result)
             return result
+
+    async def until_done(self, running: workflow.ActivityHandle[Out], until: Callable[[], bool]) -> Out | None:
+        """The activity's result; unless an abort or `until()` comes first: then the activity is
+        cancelled (it learns so at its next heartbeat) and the run goes on at once, with
+        RunbookAborted or None. A wait that spans its whole deadline costs the server its heartbeats
+        alone, not a workflow task every few minutes, and still hears an operator now."""
+        await workflow.wait_condition(lambda: running.done() or self.abort_pending() or until())
+        if not running.done():
+            running.cancel()
+            with contextlib.suppress(ActivityError, asyncio.CancelledError):
+                await running  # resolved cancelled without waiting for the worker (TRY_CANCEL)
+            self.check_abort()
+            return None
+        return await running
 
     async def act(self, step: str, activity: Activity[In, ActionResult], arg: In, *,
                   timeout: timedelta | None = None, heartbeat: timedelta | None = None) -> ActionResult | None:
@@ -577,6 +606,12 @@ def execute(activity: Activity[In, Out], arg: In, **options: Any) -> Awaitable[O
     """`workflow.execute_activity` of a typed activity reference (the name, its arguments, its result)."""
     return workflow.execute_activity(activity.name, args=activity.args(arg), result_type=activity.result,
                                      **options)
+
+
+def start(activity: Activity[In, Out], arg: In, **options: Any) -> workflow.ActivityHandle[Out]:
+    """`workflow.start_activity` of a typed activity reference: a handle the run can cancel."""
+    return workflow.start_activity(activity.name, args=activity.args(arg), result_type=activity.result,
+                                   **options)
 
 
 def local(activity: Activity[In, Out], arg: In, **options: Any) -> Awaitable[Out]:

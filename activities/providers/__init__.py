@@ -16,7 +16,7 @@ from activities.providers.cluster_api import ClusterApiProvider
 from activities.providers.http import HttpProvider
 from activities.providers.karpenter import KarpenterProvider
 from activities.providers.manual import ManualProvider
-from activities.waits import BlockingCalls
+from activities.waits import BlockingCalls, window_left
 from fleetmedic.errors import ErrorKind
 from fleetmedic.models import FindReplacement, ProviderRequest, ProviderResult, Replacement
 from fleetmedic.policy import ProviderPolicy
@@ -55,10 +55,11 @@ class ProviderActivities:
 
     @activity.defn(name="provider.find_replacement")
     async def find_replacement(self, find: FindReplacement) -> Replacement:
-        """Look for the new node until the provider names it or `timeout_s` passes (the runbook asks
-        again until its own deadline); heartbeats between looks, so a cancelled run stops it.
+        """Look for the new node until the provider names it or `timeout_s` passes (the run's deadline;
+        runs recorded before asked again every 5 minutes); heartbeats between looks, so a cancelled
+        search (an abort, an operator naming the node) stops at its next heartbeat.
         Async, on the waits queue (activities/waits.py): a machine that takes minutes holds no thread."""
-        deadline = time.monotonic() + find.timeout_s
+        deadline = time.monotonic() + window_left(find.timeout_s)
         while True:
             found = await self.blocking(self.provider.find_replacement, find.follow)
             if found.node is not None:
