@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 
 from workers.audit import local_activity
@@ -56,6 +57,12 @@ SAFE = {
     # holds out, in a reservation of its own, which it leaves as it found it.
     "provider.find_replacement", "k8s.retire_node", "slurm.burn_in",
 }
+
+
+def scheduled_events(history: WorkflowHistory, activity_type: str) -> list[HistoryEvent]:
+    """The ActivityTaskScheduled events of one activity type, in order (their timeouts, their ids)."""
+    return [e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
+            and e.activity_task_scheduled_event_attributes.activity_type.name == activity_type]
 
 
 def scheduled(history: WorkflowHistory) -> list[tuple[str, str, dict[str, Any]]]:

@@ -36,6 +36,7 @@ from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.models import EscalationAnswer, Operator, Replaced, RunbookStatus
 from fleetmedic.policy import Policy
 from tests.conftest import require
+from tests.gate_check import scheduled_events
 from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy
 from tests.runbook_stack import Stack, status_when
 from workers.audit import render_markdown, timeline
@@ -215,8 +216,7 @@ SEARCHING = "cluster-api to bring the replacement"
 
 
 def searches(history: WorkflowHistory) -> list[HistoryEvent]:
-    return [e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
-            and e.activity_task_scheduled_event_attributes.activity_type.name == "provider.find_replacement"]
+    return scheduled_events(history, "provider.find_replacement")
 
 
 async def test_an_abort_ends_the_search_for_a_replacement_at_once(replacing: Stack) -> None:

@@ -18,6 +18,7 @@ from fleetmedic.ids import node_workflow_id
 from fleetmedic.lemon import remediations, with_remediation
 from fleetmedic.models import Alert, EscalationAnswer, NodeRunbookInput, RunbookStatus
 from tests.gate_check import scheduled as called
+from tests.gate_check import scheduled_events
 from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy, settings_for, worker_for
 from tests.runbook_stack import Stack, status_when
 from workers.audit import local_activity, render_markdown, timeline
@@ -264,12 +265,11 @@ async def test_a_person_who_repaired_the_node_in_place_ends_the_wait_for_its_reb
     assert report.outcome == "remediated", report.decisions
     assert [(r["node"], r["action"]) for r in stack.provider.accepted()] == [("gpu-node-1", "reboot")]
     assert not stack.node("gpu-node-1")["spec"].get("unschedulable")
-    waits = [e.activity_task_scheduled_event_attributes for e in (await handle.fetch_history()).events
-             if e.HasField("activity_task_scheduled_event_attributes")
-             and e.activity_task_scheduled_event_attributes.activity_type.name == "k8s.wait_node_ready"]
+    waits = [e.activity_task_scheduled_event_attributes
+             for e in scheduled_events(await handle.fetch_history(), "k8s.wait_node_ready")]
     # The first wait spanned the deadline and was cancelled; the second counted the present Ready.
     assert len(waits) == 2 and waits[0].start_to_close_timeout.ToTimedelta() > timedelta(minutes=29)
-    assert '"since":null' in waits[1].input.payloads[0].data.decode().replace(" ", "")
+    assert json.loads(waits[1].input.payloads[0].data)["since"] is None
 
 
 async def test_reset_class_xid_resets_the_gpu_through_the_agent_and_validates(stack: Stack) -> None:
