@@ -9,9 +9,10 @@ every run got there without an error, escalation or client-pool warning; the wor
 took to get all of them there. Then, with every run waiting (`--hold` seconds), what the waits
 alone cost: the heartbeats the Temporal server records a second (each a write; a billed action
 on Temporal Cloud), the seconds between two heartbeats of one wait, and the server's and the
-worker's CPU.
+worker's CPU. The worker is given the shipped manifests' memory limit (`--worker-memory`, 1Gi), as
+the downward API gives it, and keeps as many runs in memory as that holds (workers/memory.py).
 
-    python bench/worker_scale.py [--runs 5000] [--hold 300] [--wait-heartbeat 2m]
+    python bench/worker_scale.py [--runs 5000] [--hold 300] [--wait-heartbeat 2m] [--worker-memory 1Gi]
 
 Prints one JSON object.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import tempfile
 import time
@@ -40,7 +42,7 @@ CLOSED = f'FleetCluster = "{CLUSTER}" AND ExecutionStatus != "Running"'
 HEARTBEAT = "RecordActivityTaskHeartbeat"
 
 
-async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str) -> dict[str, Any]:
+async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str, worker_memory: str) -> dict[str, Any]:
     nodes = [f"gpu-{i}" for i in range(runs)]
     policy = {"budget": {"max_concurrent": 100000, "max_unavailable_fraction": 1.0, "max_per_hour": 1000000,
                          "topology_label": None},
@@ -48,7 +50,8 @@ async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str)
     workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-scale-"))
     # 5,000 kwok nodes renewing 40 s leases are 500 API writes a second, which on two cores starved
     # everything else (after 40 min not one run had got there): a 20-minute lease is ~4 a second.
-    async with BenchWorld(nodes, workdir, policy, webhook=False, node_lease_s=1200) as world:
+    async with BenchWorld(nodes, workdir, policy, webhook=False, node_lease_s=1200,
+                          worker_env={"FLEETMEDIC_WORKER_MEMORY": worker_memory}) as world:
         worker_cpu, server_cpu = cpu_seconds(world.worker_pid()), cpu_seconds(world.temporal.pid)
         began = time.monotonic()
         for start in range(0, runs, 200):
@@ -77,10 +80,12 @@ async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str)
         closed = (await world.client.count_workflows(CLOSED)).count
         log = world.worker.log.read_text(errors="replace")
     pool_warnings = log.count("Connection pool is full")
+    kept = re.search(r"keeps up to (\d+) runs in memory", log)
     return {
         "benchmark": "worker_scale", "kubernetes": "real control plane", "runs": runs,
         "waiting_for_replacement": waiting, "all_there": waiting >= runs, "closed": closed,
         "client_pool_warnings": pool_warnings, "tracebacks_in_worker_log": log.count("Traceback"),
+        "worker_memory": worker_memory, "workflow_cache": int(kept[1]) if kept else None,
         "worker_peak_rss_mib": round(rss, 1), "target_rss_mib": 1024, "meets_rss_target": rss < 1024,
         "worker_cpu_s_per_run": round(worker_cpu / runs, 4), "temporal_cpu_s_per_run": round(server_cpu / runs, 4),
         "ramp_s": round(ramp_s, 1), "runs_per_s": round(waiting / ramp_s, 1),
@@ -98,5 +103,7 @@ if __name__ == "__main__":
     parser.add_argument("--deadline", type=float, default=3600, help="seconds to wait for every run to get there")
     parser.add_argument("--hold", type=float, default=300, help="seconds to measure the waits alone after that")
     parser.add_argument("--wait-heartbeat", default="2m", help="the policy's retries.wait_heartbeat")
+    parser.add_argument("--worker-memory", default="1Gi", help="the worker's memory limit (FLEETMEDIC_WORKER_MEMORY)")
     options = parser.parse_args()
-    print(json.dumps(asyncio.run(main(options.runs, options.deadline, options.hold, options.wait_heartbeat))))
+    print(json.dumps(asyncio.run(main(options.runs, options.deadline, options.hold, options.wait_heartbeat,
+                                      options.worker_memory))))

@@ -8,10 +8,11 @@ so FleetMedic connects exactly as the `temporal` CLI does; they are listed here 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fleetmedic.errors import validation_errors
 
@@ -62,8 +63,12 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("FLEETMEDIC_ACTIVITY_THREADS", "64", "threads for blocking activity calls"),
     EnvVar("FLEETMEDIC_PROTECTIVE_SLOTS", "64",
            "protective steps (cordon + Slurm DRAIN) a worker runs at once, on their own task queue"),
-    EnvVar("FLEETMEDIC_WORKFLOW_CACHE", "10000",
-           "runs a worker keeps in memory between their steps (more in flight are replayed from history at each step)"),
+    EnvVar("FLEETMEDIC_WORKFLOW_CACHE", "auto",
+           "runs a worker keeps in memory between their steps (more in flight are replayed from history at their "
+           "next step); auto: as many as its memory holds, ~256 KiB each beyond 320 MiB, at most 10000"),
+    EnvVar("FLEETMEDIC_WORKER_MEMORY", "(the cgroup's limit; none: no limit)",
+           "memory the worker may use, in bytes or as a Kubernetes quantity (1Gi); the manifests set the "
+           "container's limit (downward API)"),
     EnvVar("FLEETMEDIC_WAIT_SLOTS", "10000",
            "runs a worker lets wait for a node to come back at once (no thread each), on their own task queue"),
     EnvVar("FLEETMEDIC_DRY_RUN", "false", "force shadow mode for every runbook of this process"),
@@ -72,6 +77,12 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
 
 class SettingsError(ValueError):
     pass
+
+
+# A memory quantity as Kubernetes writes it: the downward API gives bytes, a person writes 1Gi.
+QUANTITY = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?")
+UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+         "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
 
 class Settings(BaseModel):
@@ -110,10 +121,22 @@ class Settings(BaseModel):
     wait_slots: int = Field(10000, ge=1, le=100000)
     # Runs kept in memory between their steps. A run not kept is replayed from its whole history at
     # its next step (~70 ms for a saved xid-recovery history here, against a few ms for a kept run's
-    # step): with the SDK's default of 1,000 and 5,000 runs in flight, most steps would be such a
-    # replay. Sized like the waits it serves; each kept run costs memory (see bench/worker_scale.py).
-    workflow_cache: int = Field(10000, ge=0, le=1000000)
+    # step), but a waiting run takes no step. None (auto): as many as the worker's memory holds
+    # (workers/memory.py), since each kept run costs ~200 KB and a worker killed for memory replays
+    # every run it had.
+    workflow_cache: int | None = Field(None, ge=0, le=1000000)
+    worker_memory: int | None = Field(None, ge=1)
     dry_run: bool = False
+
+    @field_validator("worker_memory", mode="before")
+    @classmethod
+    def memory_quantity(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        match = QUANTITY.fullmatch(value.strip())
+        if match is None:
+            raise ValueError(f"not a memory quantity (bytes, or such as 1Gi or 512Mi): {value!r}")
+        return int(float(match[1]) * UNITS[match[2]])
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -148,9 +171,12 @@ class Settings(BaseModel):
             "protective_slots": "FLEETMEDIC_PROTECTIVE_SLOTS",
             "wait_slots": "FLEETMEDIC_WAIT_SLOTS",
             "workflow_cache": "FLEETMEDIC_WORKFLOW_CACHE",
+            "worker_memory": "FLEETMEDIC_WORKER_MEMORY",
             "dry_run": "FLEETMEDIC_DRY_RUN",
         }
         values = {field: env[var] for field, var in mapping.items() if env.get(var, "") != ""}
+        if values.get("workflow_cache") == "auto":
+            del values["workflow_cache"]
         try:
             return cls.model_validate(values)
         except ValidationError as exc:

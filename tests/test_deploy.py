@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 from fleetmedic.policy import load_policy
+from fleetmedic.settings import Settings
 from tests.test_rbac import ROOT, find, render
+from workers.memory import MOST, workflow_cache
 from workers.node_agent.metrics import METRICS
 from workers.worker import SHUTDOWN_GRACE
 
@@ -80,6 +82,17 @@ def test_the_workers_pods_outlive_its_graceful_shutdown_and_survive_disruption()
     assert container["resources"]["requests"] and container["readinessProbe"] and container["livenessProbe"]
     assert find(objects, "PodDisruptionBudget", "fleetmedic-worker")["spec"]["minAvailable"] == 1
     assert find(render(KUSTOMIZATIONS[1]), "Deployment", "fleetmedic-worker")["spec"]["replicas"] == 3
+
+
+@pytest.mark.parametrize("path", KUSTOMIZATIONS)
+def test_the_worker_keeps_as_many_runs_in_memory_as_its_limit_holds(path: str) -> None:
+    """The container's limit reaches the worker (downward API), which sizes its cache of runs by it:
+    with a fixed 10,000, a worker under the shipped limit was killed at ~4,300 runs in flight."""
+    worker = find(render(path), "Deployment", "fleetmedic-worker")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in worker["env"]}
+    assert env["FLEETMEDIC_WORKER_MEMORY"]["valueFrom"] == {"resourceFieldRef": {"resource": "limits.memory"}}
+    limit = Settings.from_env({"FLEETMEDIC_WORKER_MEMORY": worker["resources"]["limits"]["memory"]})
+    assert 1000 <= workflow_cache(limit).runs < MOST
 
 
 def test_the_shipped_policies_are_valid_and_the_base_carries_the_default() -> None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.testing import WorkflowEnvironment
 
@@ -39,26 +40,39 @@ async def test_worker_process_serves_metrics_and_stops_gracefully(temporal_env: 
                                                                    tmp_path: Path) -> None:
     port = free_port()
     address = temporal_env.client.service_client.config.target_host
+    # The shipped manifests' limit as the downward API gives it (bytes), not the cache's default.
     env = {**os.environ, "TEMPORAL_ADDRESS": address, "FLEETMEDIC_METRICS_PORT": str(port),
-           "FLEETMEDIC_SLURM": "off", "KUBECONFIG": str(tmp_path / "missing-kubeconfig")}
+           "FLEETMEDIC_SLURM": "off", "KUBECONFIG": str(tmp_path / "missing-kubeconfig"),
+           "FLEETMEDIC_WORKER_MEMORY": str(512 * 2**20), "FLEETMEDIC_WORKFLOW_CACHE": ""}
     proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "worker"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        body = ""
+        samples: dict[str, float] = {}
         for _ in range(100):
             await asyncio.sleep(0.2)
             try:
-                body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
-                if "temporal_" in body:
+                samples = metric_samples(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text)
+                if any(name.startswith("temporal_") for name in samples) and CACHE_MAX in samples:
                     break
             except httpx.HTTPError:
                 assert proc.poll() is None, proc.communicate()[0]
-        assert "temporal_" in body  # the SDK's own metrics: pollers, task latencies, slots
+        assert any(name.startswith("temporal_") for name in samples)  # the SDK's own: pollers, latencies, slots
+        # 512 MiB keeps (512 - 320) MiB / 256 KiB = 768 runs in memory, and says so where an operator looks.
+        assert samples[CACHE_MAX] == 768
     finally:
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, output
+    assert "keeps up to 768 runs in memory between their steps (512 MiB (FLEETMEDIC_WORKER_MEMORY)" in output
     assert "shutting down" in output
+
+
+CACHE_MAX = "fleetmedic_worker_workflow_cache_max"
+
+
+def metric_samples(body: str) -> dict[str, float]:
+    """Each sample's name and value, whatever its labels (the SDK adds its own)."""
+    return {sample.name: sample.value for family in text_string_to_metric_families(body) for sample in family.samples}
 
 
 def test_every_activity_that_waits_is_async_on_the_waits_queue(tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ from fleetmedic import ids
 from fleetmedic.models import RunContext
 from fleetmedic.policy import Policy, load_policy
 from fleetmedic.settings import Settings
+from workers.memory import workflow_cache
 from workers.schedules import ensure_quota_schedule
 from workers.temporal_client import connect, ensure_search_attributes
 from workflows.fleet_guard import FleetGuard
@@ -213,7 +214,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         activity_executor=executor,
         max_concurrent_activities=settings.activity_threads,
         workflow_runner=WORKFLOW_RUNNER,
-        max_cached_workflows=settings.workflow_cache,
+        max_cached_workflows=workflow_cache(settings).runs,
         max_concurrent_workflow_tasks=WORKFLOW_TASK_SLOTS,
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
         # A storm's new runs arrive on the non-sticky queue, which the SDK's default polls with one
@@ -288,15 +289,21 @@ async def run_worker(settings: Settings, policy: Policy | None = None, stop: asy
 
 
 async def _serve(settings: Settings, policy: Policy, stop: asyncio.Event) -> None:
-    client = await connect(runtime=metrics_runtime(settings.metrics_port, settings.metrics_host))
+    runtime = metrics_runtime(settings.metrics_port, settings.metrics_host)
+    client = await connect(runtime=runtime)
     try:
         await ensure_search_attributes(client)
     except Exception:
         log.warning("continuing without registering search attributes; runbooks that upsert them will fail")
     await ensure_quota_schedule(client, settings, policy)
     worker = build_worker(client, settings, policy)
-    log.info("worker polling %s on %s (namespace %s)", settings.task_queue,
-             client.service_client.config.target_host, client.namespace)
+    cache = workflow_cache(settings)
+    log.info("worker polling %s on %s (namespace %s); keeps up to %d runs in memory between their steps (%s)",
+             settings.task_queue, client.service_client.config.target_host, client.namespace, cache.runs, cache.why)
+    if runtime is not None:
+        # Beside the SDK's temporal_sticky_cache_size: how full the worker's memory is of runs.
+        runtime.metric_meter.create_gauge("fleetmedic_worker_workflow_cache_max",
+                                          "runs the worker keeps in memory between their steps").set(cache.runs)
     async with worker:
         await stop.wait()
         log.info("shutting down: finishing running activities (up to 30 s)")
