@@ -83,7 +83,9 @@ def test_there_are_histories_to_replay() -> None:
                                            # a wait spans its deadline, ended by an abort or an
                                            # operator's `replaced`, the third fold (#20)
                                            "xid-recovery-waits-span-deadline", "xid-recovery-search-aborted",
-                                           "xid-recovery-replacement-named-by-operator"}
+                                           "xid-recovery-replacement-named-by-operator",
+                                           # an abort cancels a drain or a batch coming home (#20)
+                                           "xid-recovery-drain-aborted", "migrate-back-batch-aborted"}
 
 
 @workflow.defn(name="xid-recovery", sandboxed=False)

@@ -26,7 +26,7 @@ from fleetmedic.ids import cluster_workflow_id, guard_workflow_id
 from fleetmedic.models import EscalationAnswer, GuardState, Operator, RunbookStatus
 from fleetmedic.policy import Policy
 from fleetmedic.traffic import TrafficInput
-from tests.gate_check import assert_gated
+from tests.gate_check import assert_gated, scheduled_events
 from tests.harness import quick_policy, settings_for, worker_for
 from tests.runbook_stack import save_history, status_when
 
@@ -71,10 +71,10 @@ class World:
     slack: SlackStandIn
     tmp_path: Path
 
-    def policy(self, **traffic: Any) -> Policy:
+    def policy(self, retries: dict[str, Any] | None = None, **traffic: Any) -> Policy:
         values = {"watch_duration": "3s", "below_minimum_grace": "2s", "batch_size": 5, "batch_pause": "0s",
                   "batch_timeout": "30s", "min_ready_fraction": 0.9, **traffic}
-        return quick_policy(self.tmp_path, traffic=values)
+        return quick_policy(self.tmp_path, traffic=values, **({"retries": retries} if retries else {}))
 
     def on(self, where: str) -> list[dict[str, Any]]:
         pods = self.kube.emulator.list("v1", "Pod", "inference")
@@ -263,6 +263,47 @@ async def test_migrate_back_waits_out_a_fleet_pause_and_an_abort_ends_it(world: 
             report = await asyncio.wait_for(migrate.result(), 60)
     assert report.outcome == "aborted", report.decisions
     assert len(world.on("virtual")) == REPLICAS
+
+
+async def test_an_abort_ends_a_batch_that_waits_out_a_pdb_at_once(world: World) -> None:
+    """A batch coming home waits up to `batch_timeout` (10 minutes here) while the service's PDB
+    lets no pod go, evicting again whenever it would. An operator's abort ends the run at once, and
+    the evictions stop at the batch's next heartbeat: every pod stays where it serves."""
+    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    fill_home_with_training(world)
+    world.kube.emulator.put(deployment("serve", REPLICAS))
+    world.kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
+                                      min_available=REPLICAS))
+
+    def evictions_tried() -> int:  # as the API server saw them
+        return sum(1 for r in world.kube.requests(("worker",)) if r.url.path.endswith("/eviction"))
+
+    with replica_controller(world.kube):
+        training_finishes(world)
+        policy = world.policy(batch_timeout="10m", retries={"wait_heartbeat": "10s"})
+        async with worker_for(world.client, settings(world), policy):
+            migrate = await world.start("migrate-back")
+            await status_when(migrate, lambda s: s.step == "move a batch home" and evictions_tried() >= 10,
+                              timeout=120)
+            await migrate.signal("abort", Operator(by="dana", reason="serve is mid-rollout"))
+            report = await asyncio.wait_for(migrate.result(), 60)
+            await save_history(migrate)
+            # The worker still runs: no eviction for longer than two of the batch's 5-second backoffs.
+            loop = asyncio.get_running_loop()
+            began = last_change = loop.time()
+            tried = evictions_tried()
+            while loop.time() - last_change < 12:
+                assert loop.time() - began < 60, "the batch went on evicting after the run was aborted"
+                await asyncio.sleep(0.5)
+                if (now := evictions_tried()) != tried:
+                    tried, last_change = now, loop.time()
+            history = await migrate.fetch_history()
+    assert report.outcome == "aborted", report.decisions
+    [batch] = scheduled_events(history, "traffic.evict")
+    cancels = [e.activity_task_cancel_requested_event_attributes.scheduled_event_id for e in history.events
+               if e.HasField("activity_task_cancel_requested_event_attributes")]
+    assert cancels == [batch.event_id]
+    assert len(world.on("virtual")) == REPLICAS  # nobody was moved
 
 
 async def test_an_opted_out_namespace_stays_on_the_virtual_node(world: World) -> None:

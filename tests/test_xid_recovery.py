@@ -419,6 +419,48 @@ async def test_drain_on_blocked_proceed_records_it_and_says_so(stack: Stack) -> 
     assert "left on the node past their PodDisruptionBudget: inference/serve-gpu-node-0" in outcome
 
 
+async def test_an_abort_stops_a_drain_that_waits_out_a_pdb_at_once(stack: Stack) -> None:
+    """The drain waits out a PodDisruptionBudget up to its deadline (10 minutes here), evicting
+    again whenever the budget allows. An operator who aborts because the drain is wrong ends the run
+    at once, and the drain stops at its next heartbeat: it tries no eviction after that, however
+    soon the budget would have let one through."""
+    frozen_serve_pdb(stack)
+    policy = stack.policy(grace={"checkpoint": "2s", "eviction_deadline": "10m"}, retries={"wait_heartbeat": "10s"})
+    blocked = "/api/v1/namespaces/inference/pods/serve-gpu-node-0/eviction"
+
+    def evictions_tried() -> int:  # as the API server saw them
+        return sum(1 for r in stack.kube.emulator.requests() if r.url.path == blocked)
+
+    async def operator_aborts(handle: WorkflowHandle[Any, Any]) -> None:
+        await status_when(handle, lambda s: s.step == "drain" and evictions_tried() >= 2, timeout=120)
+        workflow_id = node_workflow_id("xid-recovery", stack.cluster, "gpu-node-0")
+        aborted = await asyncio.to_thread(stack.cli, "abort", workflow_id, "--by", "alice",
+                                          "--reason", "serve is mid-rollout")
+        assert aborted.returncode == 0, aborted.stderr
+        await asyncio.wait_for(handle.result(), 60)
+        # The worker (still running) hears of the cancel with the drain's next heartbeat (every 8 s
+        # at 10 s) and stops: no eviction for longer than two of its 5-second backoffs.
+        loop = asyncio.get_running_loop()
+        began = last_change = loop.time()
+        tried = evictions_tried()
+        while loop.time() - last_change < 12:
+            assert loop.time() - began < 60, "the drain went on evicting after the run was aborted"
+            await asyncio.sleep(0.5)
+            if (now := evictions_tried()) != tried:
+                tried, last_change = now, loop.time()
+
+    report, handle = await stack.run("gpu-node-0", policy=policy, during=operator_aborts)
+    assert report.outcome == "aborted", report.decisions
+    assert any("alice" in d.result and "mid-rollout" in d.result for d in report.decisions), report.decisions
+    history = await handle.fetch_history()
+    [drain] = scheduled_events(history, "k8s.evict_pods")
+    cancels = [e.activity_task_cancel_requested_event_attributes.scheduled_event_id for e in history.events
+               if e.HasField("activity_task_cancel_requested_event_attributes")]
+    assert cancels == [drain.event_id]
+    assert stack.kube.emulator.get("v1", "Pod", "serve-gpu-node-0", "inference") is not None  # never evicted
+    assert stack.provider.requests == []  # nothing after the drain ran
+
+
 async def test_a_dry_run_that_meets_an_error_ends_dry_run_and_pages_nobody(stack: Stack) -> None:
     stack.kube.emulator.inject("GET", "nodes", name="gpu-node-0", status=503, times=100_000)
     policy = stack.policy(retries={"reads": {"attempts": 2, "initial_interval": "200ms", "max_interval": "1s"}})

@@ -22,7 +22,8 @@ from typing import Any
 
 from temporalio import workflow
 
-from workflows.runbook import RunbookAborted
+from workflows.patches import LONG_STEPS_HEAR_ABORT
+from workflows.runbook import RunbookAborted, abort_alone
 from workflows.traffic_steps import Stopped, TrafficRunbook
 
 with workflow.unsafe.imports_passed_through():
@@ -121,10 +122,13 @@ class MigrateBack(TrafficRunbook):
                     return
                 batch, last = away[:traffic.batch_size], len(away) <= traffic.batch_size
             home_before = sum(d.ready_in_cluster for d in snap.deployments)
+            # Both steps of a batch wait up to batch_timeout (a PDB, replicas not Ready yet): an
+            # operator's abort ends them then, not when the batch is done.
+            until = abort_alone if self.patched(LONG_STEPS_HEAR_ABORT) else None
             report = await self.call("move a batch home", refs.TRAFFIC_EVICT, EvictPods(
                 pods=[p.ref for p in batch], deadline_s=traffic.batch_timeout.total_seconds(),
                 dry_run=self.dry_run), timeout=traffic.batch_timeout + timedelta(minutes=1),
-                heartbeat=self.wait_heartbeat(), task_queue=self.waits_queue())
+                heartbeat=self.wait_heartbeat(), task_queue=self.waits_queue(), until=until)
             if report is None:
                 continue
             self.decide("move a batch home", ("would evict " if report.dry_run else "evicted ")
@@ -140,7 +144,7 @@ class MigrateBack(TrafficRunbook):
                 in_cluster_ready=home_before + len(report.evicted), min_fraction=traffic.min_ready_fraction,
                 timeout_s=traffic.batch_timeout.total_seconds()),
                 timeout=traffic.batch_timeout + timedelta(minutes=1), heartbeat=self.wait_heartbeat(),
-                task_queue=self.waits_queue())
+                task_queue=self.waits_queue(), until=until)
             if home is not None:
                 self.lowest = min(self.lowest, home.min_ready_ratio)
             self.moved += len(report.evicted)

@@ -12,8 +12,8 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from workflows.node_base import POLL, RECHECK_AFTER, NodeRunbookBase, NothingToDo, OptedOut
-from workflows.patches import PROTECT_IN_TASK
-from workflows.runbook import RunbookAborted
+from workflows.patches import LONG_STEPS_HEAR_ABORT, PROTECT_IN_TASK
+from workflows.runbook import RunbookAborted, abort_alone
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
@@ -312,13 +312,17 @@ class TakeOutSteps(NodeRunbookBase):
         assert self.policy is not None
         await self.gate("drain")
         deadline = self.policy.grace.eviction_deadline
+        # Waiting out a PodDisruptionBudget, the drain evicts again whenever it allows, up to the
+        # deadline: an operator's abort stops it then, not at the deadline.
+        hears_abort = self.patched(LONG_STEPS_HEAR_ABORT)
         while True:
             report = await self.call(
                 "drain", refs.EVICT_PODS,
                 EvictRequest(node=self.node, deadline_s=deadline.total_seconds(), dry_run=self.dry_run,
                              workflow_id=self.workflow_id, selector=selector),
                 timeout=deadline + timedelta(minutes=1), heartbeat=self.wait_heartbeat(),
-                retry=self.retry("writes"), task_queue=self.waits_queue())
+                retry=self.retry("writes"), task_queue=self.waits_queue(),
+                until=abort_alone if hears_abort else None)
             if report is None:
                 return None
             self.actions.append(ActionResult(

@@ -53,6 +53,11 @@ GUARD_SIGNALS_IN_BATCHES = "guard-signals-in-batches"
 # by an abort or an operator's `replaced`, not a 5-minute window the run schedules again (node runbooks).
 WAITS_SPAN_DEADLINE = "waits-span-their-deadline"
 
+# A drain, or a batch of traffic moved and waited home, is cancelled by an abort at once, not heard
+# when it ends (node runbooks, migrate-back). Decided where it is asked, far from a local activity:
+# in no fold.
+LONG_STEPS_HEAR_ABORT = "long-steps-hear-abort"
+
 # Each fold: the marker a run started on its code records first, and the patches it takes with it
 # (fixed, like the runs recorded under them: a new one goes into a new fold, never an old one).
 FOLDS: tuple[tuple[str, frozenset[str]], ...] = (

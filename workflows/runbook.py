@@ -614,6 +614,11 @@ def start(activity: Activity[In, Out], arg: In, **options: Any) -> workflow.Acti
                                    **options)
 
 
+def abort_alone() -> bool:
+    """`until` for a long step that only an abort ends early (a drain, a batch of traffic coming home)."""
+    return False
+
+
 def local(activity: Activity[In, Out], arg: In, **options: Any) -> Awaitable[Out]:
     """A local activity (the worker's own configuration: no round trip through the task queue)."""
     options.setdefault("start_to_close_timeout", timedelta(seconds=10))
