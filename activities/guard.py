@@ -14,15 +14,10 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.errors import fail
-from activities.start import start_or_attach
+from activities.start import signal_shared
 from fleetmedic.details import guard_details
-from fleetmedic.errors import ErrorKind
 from fleetmedic.ids import guard_workflow_id, run_summary
 from fleetmedic.models import FleetPause, GuardState, LeaseRequest
-
-# What a guard too busy to answer in time looks like: worth another try, not a traceback.
-BUSY = (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE)
 
 
 class GuardActivities:
@@ -31,20 +26,12 @@ class GuardActivities:
         self.task_queue = task_queue
 
     async def signal_guard(self, cluster: str, signal: str, arg: Any) -> None:
-        try:
-            await start_or_attach(self.client, "fleet-guard", GuardState(cluster=cluster),
-                                  workflow_id=guard_workflow_id(cluster), task_queue=self.task_queue,
-                                  signal=signal, signal_args=[arg],
-                                  summary=run_summary("fleet-guard", cluster, why="disruption leases"),
-                                  details=guard_details(cluster))
-        except RPCError as exc:
-            # Thousands of runs asking at once meet the server's lock on the guard's history ("Workflow
-            # is busy", after the client's own ~10 s of retries) or its deadline: the step's bounded
-            # retry sends it again, and an exhausted one escalates with this line, not a gRPC dump.
-            if exc.status not in BUSY:
-                raise
-            raise fail(ErrorKind.UNAVAILABLE, f"the fleet guard of {cluster} did not take the {signal} "
-                       f"({exc.status.name}: {exc.message})") from None
+        await signal_shared(self.client, "fleet-guard", GuardState(cluster=cluster),
+                            refused=f"the fleet guard of {cluster} did not take the {signal}",
+                            workflow_id=guard_workflow_id(cluster), task_queue=self.task_queue,
+                            signal=signal, signal_args=[arg],
+                            summary=run_summary("fleet-guard", cluster, why="disruption leases"),
+                            details=guard_details(cluster))
 
     @activity.defn(name="guard.request")
     async def request_lease(self, cluster: str, request: LeaseRequest) -> None:

@@ -15,7 +15,7 @@ from temporalio.client import Client
 
 from activities.errors import fail, reread_on_conflict
 from activities.kubernetes import KubernetesActivities, api_errors, node_info
-from activities.start import start_or_attach
+from activities.start import signal_shared
 from fleetmedic.details import run_details
 from fleetmedic.errors import ErrorKind
 from fleetmedic.ids import cluster_workflow_id, run_summary, start_attributes
@@ -154,13 +154,13 @@ class KueueTrigger:
         """A node left or returned: start kueue-quota-sync/<cluster>, or tell the running one to
         make another pass."""
         workflow_id = cluster_workflow_id("kueue-quota-sync", cluster)
-        await start_or_attach(self.client, "kueue-quota-sync", QuotaSyncInput(cluster=cluster,
-                                                                              requested_by="node runbook"),
-                              workflow_id=workflow_id, task_queue=self.task_queue, signal="sync",
-                              search_attributes=start_attributes("kueue-quota-sync", cluster),
-                              summary=run_summary("kueue-quota-sync", cluster, why="a node left or came back"),
-                              details=run_details(workflow_id, "kueue-quota-sync", cluster,
-                                                  started_by="a node runbook (a node left or came back)"))
+        request = QuotaSyncInput(cluster=cluster, requested_by="node runbook")
+        await signal_shared(self.client, "kueue-quota-sync", request, refused=f"{workflow_id} did not take the sync",
+                            workflow_id=workflow_id, task_queue=self.task_queue, signal="sync",
+                            search_attributes=start_attributes("kueue-quota-sync", cluster),
+                            summary=run_summary("kueue-quota-sync", cluster, why="a node left or came back"),
+                            details=run_details(workflow_id, "kueue-quota-sync", cluster,
+                                                started_by="a node runbook (a node left or came back)"))
 
     def activities(self) -> list[Callable[..., Any]]:
         return [self.request_quota_sync]

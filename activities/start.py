@@ -10,6 +10,15 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.errors import fail
+from fleetmedic.errors import ErrorKind
+
+# What a workflow too busy to take a signal in time looks like: thousands of runs signalling one
+# workflow at once meet the server's lock on its history ("Workflow is busy", after the client's own
+# ~10 s of retries) or its deadline. Worth another try, not a traceback.
+BUSY = (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE)
 
 
 async def start_or_attach(client: Client, workflow: str, arg: Any, *, workflow_id: str, task_queue: str,
@@ -30,3 +39,18 @@ async def start_or_attach(client: Client, workflow: str, arg: Any, *, workflow_i
         start_signal=signal, start_signal_args=list(signal_args), search_attributes=search_attributes,
         result_type=result_type, rpc_timeout=rpc_timeout, static_summary=summary,
         static_details=details)
+
+
+async def signal_shared(client: Client, workflow: str, arg: Any, *, refused: str, workflow_id: str, task_queue: str,
+                        signal: str, **options: Any) -> WorkflowHandle[Any, Any]:
+    """`start_or_attach` with a signal, for a workflow that every run of a cluster signals (its fleet
+    guard, its Kueue quota sync): a server too busy to take it fails the attempt with `refused` and
+    the reason on one line, retryable, so the step's bounded retry sends it again and an exhausted
+    one escalates (or is let go) with that line, not a gRPC dump."""
+    try:
+        return await start_or_attach(client, workflow, arg, workflow_id=workflow_id, task_queue=task_queue,
+                                     signal=signal, **options)
+    except RPCError as exc:
+        if exc.status not in BUSY:
+            raise
+        raise fail(ErrorKind.UNAVAILABLE, f"{refused} ({exc.status.name}: {exc.message})") from None

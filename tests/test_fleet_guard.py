@@ -20,6 +20,7 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Replayer
 
 from activities.guard import GuardActivities
+from activities.kueue import KueueTrigger
 from activities.start import start_or_attach
 from devstack import fleet
 from devstack.controllers import provider_controller
@@ -505,10 +506,13 @@ def test_a_long_line_hears_of_its_places_without_a_signal_per_waiter_per_grant()
     assert not worth_telling(7, 7) and worth_telling(None, 4000) and worth_telling(3, 4)
 
 
-async def test_a_guard_that_cannot_take_a_request_fails_the_attempt_in_one_line(client: Client) -> None:
+@pytest.mark.parametrize("shared", ["fleet-guard", "kueue-quota-sync"])
+async def test_a_shared_workflow_that_cannot_take_a_signal_fails_the_attempt_in_one_line(client: Client,
+                                                                                         shared: str) -> None:
     """A server that stops answering (here the connection to it goes away; under a storm, "Workflow
-    is busy" on the guard's history) fails the attempt with a line an escalation can show, retryable:
-    the step's bounded retry sends it again."""
+    is busy" on the history of the one workflow every run signals: the cluster's fleet guard, its
+    Kueue quota sync) fails the attempt with a line an escalation can show, retryable: the step's
+    bounded retry sends it again."""
     host, port = client.service_client.config.target_host.rsplit(":", 1)
     streams: list[asyncio.StreamWriter] = []
 
@@ -530,11 +534,15 @@ async def test_a_guard_that_cannot_take_a_request_fails_the_attempt_in_one_line(
     relay_server.close()  # the server goes away: no new connection, and the one open is cut
     for stream in streams:
         stream.close()
-    guard = GuardActivities(through, "nowhere")
-    request = LeaseRequest(workflow_id="xid-recovery/test/gpu-node-0", node="gpu-node-0")
     with pytest.raises(ApplicationError) as caught:
-        await ActivityEnvironment().run(guard.request_lease, "test", request)
+        if shared == "fleet-guard":
+            request = LeaseRequest(workflow_id="xid-recovery/test/gpu-node-0", node="gpu-node-0")
+            await ActivityEnvironment().run(GuardActivities(through, "nowhere").request_lease, "test", request)
+        else:
+            await ActivityEnvironment().run(KueueTrigger(through, "nowhere").request_quota_sync, "test")
     err = caught.value
     assert err.type == "Unavailable" and not err.non_retryable
-    assert err.message.startswith("the fleet guard of test did not take the request (UNAVAILABLE: "), err
+    refused = {"fleet-guard": "the fleet guard of test did not take the request",
+               "kueue-quota-sync": "kueue-quota-sync/test did not take the sync"}[shared]
+    assert err.message.startswith(f"{refused} (UNAVAILABLE: "), err
     assert "\n" not in err.message
