@@ -85,6 +85,8 @@ async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
         "benchmark": "worker_scale", "kubernetes": "real control plane", "runs": runs,
         "waiting_for_replacement": waiting, "all_there": waiting >= runs, "closed": closed,
         "client_pool_warnings": pool_warnings, "tracebacks_in_worker_log": log.count("Traceback"),
+        # Of them, attempts refused by a guard too busy to take the request (retried, one line each).
+        "guard_busy_refusals": log.count("did not take the request"),
         "worker_memory": worker_memory, "workflow_cache": int(kept[1]) if kept else None,
         "worker_peak_rss_mib": round(rss, 1), "target_rss_mib": 1024, "meets_rss_target": rss < 1024,
         "worker_cpu_s_per_run": round(worker_cpu / runs, 4), "temporal_cpu_s_per_run": round(server_cpu / runs, 4),

@@ -21,7 +21,7 @@ from temporalio.worker import Replayer
 
 from activities.guard import GuardActivities
 from activities.kueue import KueueTrigger
-from activities.start import start_or_attach
+from activities.start import signal_shared, start_or_attach
 from devstack import fleet
 from devstack.controllers import provider_controller
 from devstack.kube_emulator import KubeEmulatorThread
@@ -506,6 +506,40 @@ def test_a_long_line_hears_of_its_places_without_a_signal_per_waiter_per_grant()
     assert not worth_telling(7, 7) and worth_telling(None, 4000) and worth_telling(3, 4)
 
 
+class Relay:
+    """A TCP relay to the Temporal server, for a client that a test then cuts off (the server goes
+    away) or stalls (the server takes every request and answers none, as one too loaded to)."""
+
+    def __init__(self, client: Client) -> None:
+        self.host, self.port = client.service_client.config.target_host.rsplit(":", 1)
+        self.streams: list[asyncio.StreamWriter] = []
+        self.stalled = False
+
+    async def pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, answers: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := await source.read(65536):
+                if answers and self.stalled:
+                    continue  # swallowed: the request waits for its deadline
+                sink.write(data)
+                await sink.drain()
+        sink.close()
+
+    async def relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.host, int(self.port))
+        self.streams.extend((writer, up_writer))
+        await asyncio.gather(self.pipe(reader, up_writer, False), self.pipe(up_reader, writer, True))
+
+    async def client(self) -> Client:
+        self.server = await asyncio.start_server(self.relay, "127.0.0.1", 0)
+        return await Client.connect(f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}",
+                                    data_converter=data_converter)
+
+    def cut(self) -> None:
+        self.server.close()  # no new connection, and the one open is cut
+        for stream in self.streams:
+            stream.close()
+
+
 @pytest.mark.parametrize("shared", ["fleet-guard", "kueue-quota-sync"])
 async def test_a_shared_workflow_that_cannot_take_a_signal_fails_the_attempt_in_one_line(client: Client,
                                                                                          shared: str) -> None:
@@ -513,27 +547,9 @@ async def test_a_shared_workflow_that_cannot_take_a_signal_fails_the_attempt_in_
     is busy" on the history of the one workflow every run signals: the cluster's fleet guard, its
     Kueue quota sync) fails the attempt with a line an escalation can show, retryable: the step's
     bounded retry sends it again."""
-    host, port = client.service_client.config.target_host.rsplit(":", 1)
-    streams: list[asyncio.StreamWriter] = []
-
-    async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError):
-            while data := await source.read(65536):
-                sink.write(data)
-                await sink.drain()
-        sink.close()
-
-    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(host, int(port))
-        streams.extend((writer, up_writer))
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-    relay_server = await asyncio.start_server(relay, "127.0.0.1", 0)
-    through = await Client.connect(f"127.0.0.1:{relay_server.sockets[0].getsockname()[1]}",
-                                   data_converter=data_converter)
-    relay_server.close()  # the server goes away: no new connection, and the one open is cut
-    for stream in streams:
-        stream.close()
+    relay = Relay(client)
+    through = await relay.client()
+    relay.cut()
     with pytest.raises(ApplicationError) as caught:
         if shared == "fleet-guard":
             request = LeaseRequest(workflow_id="xid-recovery/test/gpu-node-0", node="gpu-node-0")
@@ -546,3 +562,23 @@ async def test_a_shared_workflow_that_cannot_take_a_signal_fails_the_attempt_in_
                "kueue-quota-sync": "kueue-quota-sync/test did not take the sync"}[shared]
     assert err.message.startswith(f"{refused} (UNAVAILABLE: "), err
     assert "\n" not in err.message
+
+
+async def test_a_server_too_loaded_to_answer_in_time_fails_the_attempt_in_one_line(client: Client) -> None:
+    """5,000 runs asking one guard at once: some signals are not answered within the client's
+    deadline (30 s by default; 2 s here). That is the same retryable line, not a gRPC traceback."""
+    relay = Relay(client)
+    through = await relay.client()
+    relay.stalled = True
+    try:
+        with pytest.raises(ApplicationError) as caught:
+            await signal_shared(through, "fleet-guard", GuardState(cluster="test"), refused="the guard did not take it",
+                                workflow_id=guard_workflow_id("test"), task_queue="nowhere", signal="request",
+                                signal_args=[LeaseRequest(workflow_id="xid-recovery/test/gpu-node-0",
+                                                          node="gpu-node-0")],
+                                rpc_timeout=timedelta(seconds=2))
+    finally:
+        relay.cut()
+    err = caught.value
+    assert err.type == "Unavailable" and not err.non_retryable
+    assert err.message.startswith("the guard did not take it (CANCELLED: "), err
