@@ -65,6 +65,12 @@ def scheduled_events(history: WorkflowHistory, activity_type: str) -> list[Histo
             and e.activity_task_scheduled_event_attributes.activity_type.name == activity_type]
 
 
+def cancels_requested(history: WorkflowHistory) -> list[int]:
+    """The scheduled event of each activity whose cancel the run requested (an abort during a wait)."""
+    return [e.activity_task_cancel_requested_event_attributes.scheduled_event_id for e in history.events
+            if e.HasField("activity_task_cancel_requested_event_attributes")]
+
+
 def scheduled(history: WorkflowHistory) -> list[tuple[str, str, dict[str, Any]]]:
     """(activity type, step, first argument) of each activity the run scheduled, in order — and of
     each it ran as a local activity inside a workflow task (the protective step, the configuration

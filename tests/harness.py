@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,5 +106,17 @@ def job_on(slurm: LocalSlurmCluster, job_id: int, timeout_s: float = 20) -> str:
     raise AssertionError(f"job {job_id} did not start within {timeout_s}s: {detail} / {nodes}")
 
 
-__all__ = ["provider_controller", "set_ready"]
+async def until_quiet(count: Callable[[], int], quiet_s: float, what: str, within_s: float = 60) -> None:
+    """Wait until `count()` (requests an API server saw) stays the same for `quiet_s`; fail when it
+    has not within `within_s`: the worker went on with `what` after the run let it go."""
+    loop = asyncio.get_running_loop()
+    began = last_change = loop.time()
+    seen = count()
+    while loop.time() - last_change < quiet_s:
+        assert loop.time() - began < within_s, f"the worker went on with {what} after the run was aborted"
+        await asyncio.sleep(0.5)
+        if (now := count()) != seen:
+            seen, last_change = now, loop.time()
 
+
+__all__ = ["provider_controller", "set_ready"]

@@ -87,7 +87,7 @@ def test_the_workers_pods_outlive_its_graceful_shutdown_and_survive_disruption()
 @pytest.mark.parametrize("path", KUSTOMIZATIONS)
 def test_the_worker_keeps_as_many_runs_in_memory_as_its_limit_holds(path: str) -> None:
     """The container's limit reaches the worker (downward API), which sizes its cache of runs by it:
-    with a fixed 10,000, a worker under the shipped limit was killed at ~4,300 runs in flight."""
+    with a fixed 10,000, a worker under the shipped limit would be killed at ~4,300 runs in flight."""
     worker = find(render(path), "Deployment", "fleetmedic-worker")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e for e in worker["env"]}
     assert env["FLEETMEDIC_WORKER_MEMORY"]["valueFrom"] == {"resourceFieldRef": {"resource": "limits.memory"}}

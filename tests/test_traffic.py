@@ -26,8 +26,8 @@ from fleetmedic.ids import cluster_workflow_id, guard_workflow_id
 from fleetmedic.models import EscalationAnswer, GuardState, Operator, RunbookStatus
 from fleetmedic.policy import Policy
 from fleetmedic.traffic import TrafficInput
-from tests.gate_check import assert_gated, scheduled_events
-from tests.harness import quick_policy, settings_for, worker_for
+from tests.gate_check import assert_gated, cancels_requested, scheduled_events
+from tests.harness import quick_policy, settings_for, until_quiet, worker_for
 from tests.runbook_stack import save_history, status_when
 
 REPLICAS, MINIMUM = 40, 36  # min_ready_fraction 0.9
@@ -289,20 +289,11 @@ async def test_an_abort_ends_a_batch_that_waits_out_a_pdb_at_once(world: World) 
             report = await asyncio.wait_for(migrate.result(), 60)
             await save_history(migrate)
             # The worker still runs: no eviction for longer than two of the batch's 5-second backoffs.
-            loop = asyncio.get_running_loop()
-            began = last_change = loop.time()
-            tried = evictions_tried()
-            while loop.time() - last_change < 12:
-                assert loop.time() - began < 60, "the batch went on evicting after the run was aborted"
-                await asyncio.sleep(0.5)
-                if (now := evictions_tried()) != tried:
-                    tried, last_change = now, loop.time()
+            await until_quiet(evictions_tried, 12, "the batch's evictions")
             history = await migrate.fetch_history()
     assert report.outcome == "aborted", report.decisions
     [batch] = scheduled_events(history, "traffic.evict")
-    cancels = [e.activity_task_cancel_requested_event_attributes.scheduled_event_id for e in history.events
-               if e.HasField("activity_task_cancel_requested_event_attributes")]
-    assert cancels == [batch.event_id]
+    assert cancels_requested(history) == [batch.event_id]
     assert len(world.on("virtual")) == REPLICAS  # nobody was moved
 
 

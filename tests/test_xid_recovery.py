@@ -17,9 +17,9 @@ from devstack.standins import AgentStandIn, ProviderStandIn
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.lemon import remediations, with_remediation
 from fleetmedic.models import Alert, EscalationAnswer, NodeRunbookInput, RunbookStatus
+from tests.gate_check import cancels_requested, scheduled_events
 from tests.gate_check import scheduled as called
-from tests.gate_check import scheduled_events
-from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy, settings_for, worker_for
+from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy, settings_for, until_quiet, worker_for
 from tests.runbook_stack import Stack, status_when
 from workers.audit import local_activity, render_markdown, timeline
 
@@ -440,23 +440,14 @@ async def test_an_abort_stops_a_drain_that_waits_out_a_pdb_at_once(stack: Stack)
         await asyncio.wait_for(handle.result(), 60)
         # The worker (still running) hears of the cancel with the drain's next heartbeat (every 8 s
         # at 10 s) and stops: no eviction for longer than two of its 5-second backoffs.
-        loop = asyncio.get_running_loop()
-        began = last_change = loop.time()
-        tried = evictions_tried()
-        while loop.time() - last_change < 12:
-            assert loop.time() - began < 60, "the drain went on evicting after the run was aborted"
-            await asyncio.sleep(0.5)
-            if (now := evictions_tried()) != tried:
-                tried, last_change = now, loop.time()
+        await until_quiet(evictions_tried, 12, "the drain's evictions")
 
     report, handle = await stack.run("gpu-node-0", policy=policy, during=operator_aborts)
     assert report.outcome == "aborted", report.decisions
     assert any("alice" in d.result and "mid-rollout" in d.result for d in report.decisions), report.decisions
     history = await handle.fetch_history()
     [drain] = scheduled_events(history, "k8s.evict_pods")
-    cancels = [e.activity_task_cancel_requested_event_attributes.scheduled_event_id for e in history.events
-               if e.HasField("activity_task_cancel_requested_event_attributes")]
-    assert cancels == [drain.event_id]
+    assert cancels_requested(history) == [drain.event_id]
     assert stack.kube.emulator.get("v1", "Pod", "serve-gpu-node-0", "inference") is not None  # never evicted
     assert stack.provider.requests == []  # nothing after the drain ran
 

@@ -2,9 +2,9 @@
 
 A run kept in memory costs the worker ~200 KB: the SDK keeps the state of every step the run took,
 and the run's own objects (bench/worker_scale.py: 1,124 MiB for 5,000 runs in flight, ~155 of them
-the process at start). At a fixed 10,000, a worker under the shipped 1 GiB limit was killed for
-memory at ~4,300 runs in flight, a fleet-wide incident's worth; its replacement then replayed them
-all back into memory, to be killed again. A run that is not kept costs nothing while it waits (a
+the process at start). At a fixed 10,000, a worker under the shipped 1 GiB limit would be killed
+for memory at ~4,300 runs in flight, a fleet-wide incident's worth, and its replacement would replay
+them all back into memory, to be killed again. A run that is not kept costs nothing while it waits (a
 wait is one activity: the run does not wake) and is replayed from its history at its next step, a
 few tens of milliseconds. So the bound follows the worker's memory: the `FLEETMEDIC_WORKER_MEMORY`
 the manifests set from the container's limit (downward API), else the limit of the process's cgroup.
