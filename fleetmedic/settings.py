@@ -8,7 +8,6 @@ so FleetMedic connects exactly as the `temporal` CLI does; they are listed here 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -79,12 +78,6 @@ class SettingsError(ValueError):
     pass
 
 
-# A memory quantity as Kubernetes writes it: the downward API gives bytes, a person writes 1Gi.
-QUANTITY = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?")
-UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-         "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-
-
 class Settings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -131,12 +124,20 @@ class Settings(BaseModel):
     @field_validator("worker_memory", mode="before")
     @classmethod
     def memory_quantity(cls, value: object) -> object:
+        """A memory quantity as Kubernetes writes it: the downward API gives bytes, a person 1Gi."""
         if not isinstance(value, str):
             return value
-        match = QUANTITY.fullmatch(value.strip())
-        if match is None:
+        # Kubernetes' own parser, as the activities read quantities; imported here, where the worker
+        # (which has it loaded) is configured, so the CLI and the webhook do not pay its import.
+        from kubernetes.utils.quantity import parse_quantity
+
+        try:
+            memory = parse_quantity(value.strip())
+        except ValueError:
+            memory = None
+        if memory is None or memory < 1:
             raise ValueError(f"not a memory quantity (bytes, or such as 1Gi or 512Mi): {value!r}")
-        return int(float(match[1]) * UNITS[match[2]])
+        return int(memory)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
