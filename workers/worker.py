@@ -47,7 +47,7 @@ from fleetmedic import ids
 from fleetmedic.models import RunContext
 from fleetmedic.policy import Policy, load_policy
 from fleetmedic.settings import Settings
-from workers.memory import workflow_cache
+from workers.memory import CacheSize, workflow_cache
 from workers.schedules import ensure_quota_schedule
 from workers.temporal_client import connect, ensure_search_attributes
 from workflows.fleet_guard import FleetGuard
@@ -160,8 +160,10 @@ class FleetWorker:
     activity), the protective queue (the protective step, with its own slots) and the waits queue
     (long async waits: no thread each, and never the slots other steps need)."""
 
-    def __init__(self, main: Worker, *others: Worker, on_close: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, main: Worker, *others: Worker, cache: CacheSize,
+                 on_close: Callable[[], None] = lambda: None) -> None:
         self.workers = (*others, main)
+        self.cache = cache  # the runs `main` keeps in memory, and why that many
         self.on_close = on_close
 
     async def __aenter__(self) -> FleetWorker:
@@ -207,6 +209,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
     executor = executor or ThreadPoolExecutor(max_workers=settings.activity_threads,
                                               thread_name_prefix="fleetmedic-activity")
     activities = Activities(settings, policy, client, api_client)
+    cache = workflow_cache(settings)
     main = Worker(
         client, task_queue=settings.task_queue,
         workflows=list(workflows or WORKFLOWS),
@@ -214,7 +217,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         activity_executor=executor,
         max_concurrent_activities=settings.activity_threads,
         workflow_runner=WORKFLOW_RUNNER,
-        max_cached_workflows=workflow_cache(settings).runs,
+        max_cached_workflows=cache.runs,
         max_concurrent_workflow_tasks=WORKFLOW_TASK_SLOTS,
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
         # A storm's new runs arrive on the non-sticky queue, which the SDK's default polls with one
@@ -252,7 +255,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         others.append(Worker(client, task_queue=guard_queue(settings), workflows=[FleetGuard],
                              activities=activities.all, activity_executor=executor, max_concurrent_activities=4,
                              workflow_runner=WORKFLOW_RUNNER, graceful_shutdown_timeout=SHUTDOWN_GRACE))
-    return FleetWorker(main, *others, on_close=activities.close)
+    return FleetWorker(main, *others, cache=cache, on_close=activities.close)
 
 
 # Buckets for what a person waits for: a repair takes minutes to hours, not the SDK's default
@@ -297,7 +300,7 @@ async def _serve(settings: Settings, policy: Policy, stop: asyncio.Event) -> Non
         log.warning("continuing without registering search attributes; runbooks that upsert them will fail")
     await ensure_quota_schedule(client, settings, policy)
     worker = build_worker(client, settings, policy)
-    cache = workflow_cache(settings)
+    cache = worker.cache
     log.info("worker polling %s on %s (namespace %s); keeps up to %d runs in memory between their steps (%s)",
              settings.task_queue, client.service_client.config.target_host, client.namespace, cache.runs, cache.why)
     if runtime is not None:
