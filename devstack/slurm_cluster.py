@@ -30,10 +30,45 @@ def missing_binaries(with_rest: bool = False) -> list[str]:
     return [b for b in needed if shutil.which(b, path=search) is None]
 
 
+# Ports this process has handed out: two callers in one test never get the same one.
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
+    """A loopback port nothing listens on, for a server we are about to start.
+
+    Chosen below the kernel's ephemeral range: a port from there (what binding port 0 gives) can
+    be taken by any outgoing connection on the machine between our check and the server's bind,
+    which once made slurmctld fail with "Address already in use" in the middle of a CI run. A port
+    outside it can only be lost to another server picking the same number."""
+    low = _ephemeral_range()[0]
+    if low > 20000 + 1000:
+        rng = secrets.SystemRandom()
+        for _ in range(200):
+            port = rng.randrange(20000, low)
+            if port not in _handed_out and _bindable(port):
+                _handed_out.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class SlurmStartError(RuntimeError):
@@ -59,9 +94,7 @@ class LocalSlurmCluster:
         self.cpus = cpus
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.conf = self.dir / "slurm.conf"
-        self.ctld_port = free_port()
-        self.node_ports = {name: free_port() for name in [*self.nodes, *self.spare_nodes]}
-        self.rest_port = free_port() if with_rest else None
+        self._choose_ports()
         self.jwt_key = self.dir / "jwt.key"
         self.cluster_name = "fm" + secrets.token_hex(3)
         # Unix sockets (munge, slurmstepd) live under a short path: sun_path holds 108 bytes, and
@@ -152,8 +185,27 @@ class LocalSlurmCluster:
             if hidden:
                 raise SlurmStartError(f"slurmrestd runs as nobody and cannot reach {self.dir}: {hidden[0]} "
                                       "is not world-traversable; leave workdir unset for a /tmp dir")
+        # A port chosen free can still be taken before a daemon binds it (another server on the
+        # machine picking the same number): then start again on new ports, a bounded few times.
+        for attempt in range(3):
+            try:
+                return self._start_daemons(timeout_s)
+            except SlurmStartError as exc:
+                if "Address already in use" not in str(exc) or attempt == 2:
+                    raise
+                self._stop_daemons()
+                self._choose_ports()
+        raise AssertionError("unreachable")
+
+    def _choose_ports(self) -> None:
+        self.ctld_port = free_port()
+        self.node_ports = {name: free_port() for name in [*self.nodes, *self.spare_nodes]}
+        self.rest_port = free_port() if self.with_rest else None
+
+    def _start_daemons(self, timeout_s: float) -> LocalSlurmCluster:
         self._write_config()
         munge = self.sockets / "munge"
+        (munge / "munge.socket").unlink(missing_ok=True)  # a try before this one left it
         self._spawn("munged", ["munged", "-F", "--force", f"--socket={munge}/munge.socket",
                                f"--key-file={munge}/munge.key", f"--pid-file={munge}/munged.pid",
                                f"--seed-file={munge}/munged.seed", "--num-threads=4"])
@@ -217,6 +269,12 @@ class LocalSlurmCluster:
             proc.wait(10)
 
     def stop(self) -> None:
+        self._stop_daemons()
+        shutil.rmtree(self.sockets, ignore_errors=True)
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _stop_daemons(self) -> None:
         for proc in reversed(list(self.procs.values())):
             if proc.poll() is None:
                 proc.terminate()
@@ -228,9 +286,6 @@ class LocalSlurmCluster:
                 proc.wait(5)
         self.procs.clear()
         self._kill_job_processes()
-        shutil.rmtree(self.sockets, ignore_errors=True)
-        if self._own_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
 
     def _kill_job_processes(self) -> None:
         """slurmstepd and the job scripts it runs outlive slurmd (they are reparented to init).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import threading
 import time
@@ -295,3 +296,23 @@ def test_reads_through_slurmrestd_match_the_cli(rest_slurm: LocalSlurmCluster) -
     with pytest.raises(ApplicationError) as err:
         run(bad.get_node, node)
     assert err.value.type in ("Forbidden", "Unavailable")
+
+
+def test_a_cluster_whose_port_is_taken_before_it_binds_starts_on_another(tmp_path: Any) -> None:
+    """The test clusters choose their ports before the daemons bind them; another server on the
+    machine taking one in between must not fail a CI run (it once did, at slurmctld's bind)."""
+    missing = missing_binaries()
+    require(not missing, f"Debian's Slurm and munge ({', '.join(missing)})")
+    workdir = tmp_path / "slurm"
+    workdir.mkdir()
+    cluster = LocalSlurmCluster(("gpu-node-0",), workdir=workdir)
+    taken = cluster.ctld_port
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", taken))
+        other.listen()
+        with cluster:
+            assert cluster.ctld_port != taken
+            assert f"SlurmctldPort={cluster.ctld_port}" in cluster.conf.read_text()
+            assert cluster.node_state("gpu-node-0")[0] == "idle"
+            log = (workdir / "log" / "slurmctld.out").read_text(errors="replace")
+    assert "Address already in use" not in log  # the daemons of the first try were replaced
