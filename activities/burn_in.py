@@ -5,6 +5,9 @@ reservation of the node alone: the reservation keeps every other job off while t
 resumed for the burn-in, and the node is DRAINed again (and the reservation removed) before the
 activity returns, pass or fail — the runbook alone decides whether it goes back to service.
 
+A run that lets go of the burn-in (an abort) cancels the activity, and the job with it (`scancel`),
+heard at the activity's next heartbeat.
+
 Pass: the job ends COMPLETED with exit code 0 and, when the policy sets `pass_pattern`, its
 output matches it. Slurm's exit code 0 alone is not trusted where a tool prints its verdict.
 """
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio import activity
+from temporalio.exceptions import CancelledError
 
 from activities.errors import fail
 from activities.slurm import REASON_PREFIX, SlurmActivities, scontrol_fields
@@ -59,7 +63,15 @@ class BurnInActivities:
             if node.out_of_service:
                 self.cli.run("scontrol", "update", f"nodename={request.node}", "state=RESUME")
             job_id = self._job(request)
-            return self._wait(request, job_id)
+            try:
+                return self._wait(request, job_id)
+            except CancelledError:
+                # The run let go of the burn-in (an operator's abort, or the run is gone): the job
+                # must not go on testing a node nobody waits for. A worker shutting down leaves it
+                # to the next attempt, which finds it by the heartbeat's job id.
+                if not activity.is_worker_shutdown():
+                    self.cli.run("scancel", str(job_id))
+                raise
         finally:
             # Out of service again, as the run left it, before anything else may land there.
             self.cli.run("scontrol", "update", f"nodename={request.node}", "state=DRAIN", f"reason={held_for}")

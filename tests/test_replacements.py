@@ -323,6 +323,49 @@ async def test_burn_in_passes_before_the_replacement_takes_training(replacing: S
     assert "fleetmedic-burnin" not in stack.slurm.run("scontrol", "show", "reservation").stdout
 
 
+async def test_an_abort_during_the_burn_in_cancels_its_job(replacing: Stack) -> None:
+    """The burn-in is a Slurm job up to its deadline (10 minutes here). An operator who aborts
+    while it runs ends the run at once, and the worker cancels the job in Slurm at the burn-in's
+    next heartbeat: the node is not tested for nobody, and it stays out of service."""
+    stack = replacing
+    root = stack.tmp_path / "checkpoints"
+    job = stack.slurm.submit(CHECKPOINTING_JOB.format(root=root))
+    job_on(stack.slurm, job)
+    policy = quick_policy(stack.tmp_path, provider=provider_policy(stack, "http"), retries={"call_timeout": "10s"},
+                          burn_in={"enabled": True, "deadline": "10m", "output_dir": str(stack.tmp_path / "burn-in"),
+                                   "script": "#!/bin/sh\necho started\nsleep 600\n"})
+
+    def burn_in_jobs() -> dict[str, str]:  # job id → state, as Slurm has them
+        out = stack.slurm.run("squeue", "-h", "-t", "all", "-o", "%i %j %T").stdout.split("\n")
+        return {f[0]: f[2] for f in (line.split() for line in out) if len(f) == 3 and "burnin" in f[1]}
+
+    async def operator_aborts(handle: WorkflowHandle[Any, Any]) -> None:
+        await status_when(handle, lambda s: "the burn-in job" in (s.waiting_for or "")
+                          and "RUNNING" in burn_in_jobs().values(), timeout=120)
+        aborted = await asyncio.to_thread(stack.cli, "abort", handle.id, "--by", "alice",
+                                          "--reason", "the rack is being decommissioned")
+        assert aborted.returncode == 0, aborted.stderr
+        await asyncio.wait_for(handle.result(), 30)
+        # The worker (still running) hears of the cancel at the burn-in's next heartbeat (every 8 s
+        # at 10 s) and cancels the job.
+        for _ in range(60):
+            if "RUNNING" not in burn_in_jobs().values():
+                break
+            await asyncio.sleep(0.5)
+
+    with world(stack, "http", [NEW]):
+        report, handle = await stack.run(OLD, policy=policy, controller=False, during=operator_aborts, timeout=150)
+
+    assert report.outcome == "aborted", report
+    assert list(burn_in_jobs().values()) == ["CANCELLED"], burn_in_jobs()
+    history = await handle.fetch_history()
+    [burn_in] = scheduled_events(history, "slurm.burn_in")
+    assert cancels_requested(history) == [burn_in.event_id]
+    # Out of service as the run held it, and no reservation left behind.
+    assert "DRAIN" in stack.slurm.node_states(NEW)
+    assert "fleetmedic-burnin" not in stack.slurm.run("scontrol", "show", "reservation").stdout
+
+
 async def test_a_failed_burn_in_goes_back_to_the_provider_then_quarantines(replacing: Stack) -> None:
     stack = replacing
     job, policy = training_and_burn_in(stack, "Fail (NVLink bandwidth)", 1, rounds=2)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 
 from devstack import fleet
@@ -295,6 +295,41 @@ async def test_an_abort_ends_a_batch_that_waits_out_a_pdb_at_once(world: World) 
     [batch] = scheduled_events(history, "traffic.evict")
     assert cancels_requested(history) == [batch.event_id]
     assert len(world.on("virtual")) == REPLICAS  # nobody was moved
+
+
+async def test_an_abort_ends_the_wait_for_the_other_runbook_to_stop_at_once(world: World) -> None:
+    """traffic-flip asks migrate-back to stop and waits up to 15 minutes for it to close. Here
+    migrate-back cannot close yet (it waits out a fleet pause before its next change). An operator
+    who aborts the flip ends it at once, having changed nothing, not when the wait runs out."""
+    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    fill_home_with_training(world)
+    world.kube.emulator.put(deployment("serve", REPLICAS))
+    with replica_controller(world.kube):
+        training_finishes(world)
+        async with worker_for(world.client, settings(world), world.policy(retries={"call_timeout": "10s"})):
+            await world.client.start_workflow(  # `fleetmedic pause`: the guard starts paused
+                "fleet-guard", GuardState(cluster=world.task_queue), id=guard_workflow_id(world.task_queue),
+                task_queue=world.task_queue, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                start_signal="pause", start_signal_args=[Operator(by="dana", reason="change freeze")])
+            migrate = await world.start("migrate-back")
+            await status_when(migrate, lambda s: "fleet paused by dana" in (s.waiting_for or ""))
+            world.kube.emulator.put(fleet.workload("pretrain", "training", "h100", 32, priority=1000))
+            flip = await world.start("traffic-flip")
+            await status_when(flip, lambda s: s.step == "stop migrate-back")
+            await asyncio.sleep(2)  # well into the wait: migrate-back, paused, does not close
+            assert (await migrate.describe()).status == WorkflowExecutionStatus.RUNNING
+            await flip.signal("abort", Operator(by="erin", reason="wrong cluster"))
+            flipped = await asyncio.wait_for(flip.result(), 30)
+            await save_history(flip)
+            history = await flip.fetch_history()
+            await migrate.signal("abort", Operator(by="dana", reason="test over"))
+            await asyncio.wait_for(migrate.result(), 60)
+    assert flipped.outcome == "stopped", flipped.decisions
+    assert any("erin" in d.result and "wrong cluster" in d.result for d in flipped.decisions), flipped.decisions
+    [wait] = scheduled_events(history, "traffic.stop_runbook")
+    assert cancels_requested(history) == [wait.event_id]
+    # The flip changed nothing: the virtual node is as it was, every replica where it served.
+    assert world.overflow() == [] and len(world.on("virtual")) == REPLICAS
 
 
 async def test_an_opted_out_namespace_stays_on_the_virtual_node(world: World) -> None:

@@ -26,8 +26,8 @@ from temporalio.exceptions import ActivityError
 
 from workflows.node_base import POLL
 from workflows.node_remediate import RemediateSteps
-from workflows.patches import WAITS_SPAN_DEADLINE
-from workflows.runbook import In, RunbookAborted
+from workflows.patches import BURN_IN_HEARS_ABORT, WAITS_SPAN_DEADLINE
+from workflows.runbook import In, RunbookAborted, abort_alone
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
@@ -208,7 +208,7 @@ class ReplacementSteps(RemediateSteps):
             deadline_s=policy.deadline.total_seconds(), output_dir=policy.output_dir,
             pass_pattern=policy.pass_pattern, dry_run=self.dry_run),
             timeout=policy.deadline + self.call_timeout() * 2, heartbeat=self.call_timeout(),
-            retry=self.retry("writes"))
+            retry=self.retry("writes"), until=abort_alone if self.patched(BURN_IN_HEARS_ABORT) else None)
         if result is None:
             return True  # skipped by an operator
         tail = result.output.strip().splitlines()[-1:] if result.output.strip() else []

@@ -57,6 +57,11 @@ WAITS_SPAN_DEADLINE = "waits-span-their-deadline"
 # when it ends (node runbooks, migrate-back). Decided where it is asked, far from a local activity:
 # in no fold.
 LONG_STEPS_HEAR_ABORT = "long-steps-hear-abort"
+# So is the burn-in job (node runbooks: the worker cancels the job in Slurm) and a traffic
+# runbook's wait for the other one to close (up to 15 minutes). Each follows a task queue's
+# activity, not a local one: in no fold.
+BURN_IN_HEARS_ABORT = "burn-in-hears-abort"
+STOP_WAIT_HEARS_ABORT = "stop-wait-hears-abort"
 
 # Each fold: the marker a run started on its code records first, and the patches it takes with it
 # (fixed, like the runs recorded under them: a new one goes into a new fold, never an old one).

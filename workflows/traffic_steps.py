@@ -13,7 +13,8 @@ from typing import Any
 
 from temporalio import workflow
 
-from workflows.runbook import DryRunEnded, Runbook, input_error
+from workflows.patches import STOP_WAIT_HEARS_ABORT
+from workflows.runbook import DryRunEnded, Runbook, abort_alone, input_error
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
@@ -88,7 +89,8 @@ class TrafficRunbook(Runbook):
         other_id = ids.cluster_workflow_id(self.other, self.cluster)
         stopped = await self.call(f"stop {self.other}", refs.STOP_RUNBOOK,
                                   (other_id, Operator(by=self.workflow_id, reason=f"{self.runbook} starts")),
-                                  timeout=timedelta(minutes=15), heartbeat=self.call_timeout())
+                                  timeout=timedelta(minutes=15), heartbeat=self.call_timeout(),
+                                  until=abort_alone if self.patched(STOP_WAIT_HEARS_ABORT) else None)
         if stopped:
             self.decide(f"stop {self.other}", f"{other_id} stopped: it never acts together with {self.runbook}")
 
