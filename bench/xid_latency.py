@@ -113,9 +113,13 @@ async def alert(http: httpx.AsyncClient, node: str) -> float:
     return began
 
 
-async def trace(client: Client, node: str, sent: float) -> dict[str, float]:
-    """Where the time of one run went, from the server's history: offsets from the POST (s)."""
-    history = await client.get_workflow_handle(node_workflow_id("xid-recovery", CLUSTER, node)).fetch_history()
+async def trace(world: BenchWorld, node: str, sent: float) -> dict[str, float]:
+    """Where the time of one run went, offsets from the POST (s): the server's history up to the
+    protective step, then the step itself as the systems it changed saw it — the API server's audit
+    log (its read of the node, the cordon) and slurmctld's log (the DRAIN). Not the step's local
+    activity marker: the SDK stamps it with a time that, with 50 workflow tasks at once, came up to
+    0.25 s before the step's own first request."""
+    history = await world.client.get_workflow_handle(node_workflow_id("xid-recovery", CLUSTER, node)).fetch_history()
     marks: dict[str, float] = {}
     names: dict[int, str] = {}
     for event in history.events:
@@ -129,13 +133,35 @@ async def trace(client: Client, node: str, sent: float) -> dict[str, float]:
         elif event.HasField("activity_task_completed_event_attributes"):
             kind = f"{names.get(event.activity_task_completed_event_attributes.scheduled_event_id)} completed"
         elif (ran := local_activity(event)) is not None:
-            # Run inside the workflow task: when it was done, by the worker's clock.
-            kind = f"{ran['type']} completed (local)"
-            at = ran["done"].replace(tzinfo=UTC).timestamp() - sent
+            kind = f"{ran['type']} recorded (local)"
         marks.setdefault(kind, round(at, 4))
-        if kind.startswith("protect.node completed"):
+        if kind.startswith("protect.node recorded"):
             break
+    for what, at in api_calls(world, node).items():
+        marks[what] = round(at - sent, 4)
+    if node in world.observed.drained:
+        marks["slurm DRAIN (slurmctld log)"] = round(world.observed.drained[node] - sent, 4)
     return marks
+
+
+def api_calls(world: BenchWorld, node: str) -> dict[str, float]:
+    """When the API server answered the worker's first read of `node` and its cordon (audit log)."""
+    path, worker = f"/api/v1/nodes/{node}", world.kube.cluster.identity_user("worker")
+    found: dict[str, float] = {}
+    with world.kube.cluster.audit_log.open() as log:
+        for line in log:
+            if path not in line:
+                continue
+            event = json.loads(line)
+            if event.get("stage") != "ResponseComplete" or event.get("user", {}).get("username") != worker \
+                    or event["requestURI"].split("?")[0] != path:
+                continue
+            at = datetime.fromisoformat(event["stageTimestamp"]).timestamp()
+            if event["verb"] == "get":
+                found.setdefault("node read (API audit)", at)
+            elif event["verb"] == "patch" and "unschedulable" in json.dumps(event.get("requestObject")):
+                found.setdefault("cordon (API audit)", at)
+    return found
 
 
 def cpu_of(world: BenchWorld) -> dict[str, float]:
@@ -152,7 +178,7 @@ async def round_of(world: BenchWorld, nodes: list[str], traced: list[dict[str, A
     if traced is not None:  # the slowest of the round, step by step
         slowest = max(nodes, key=lambda n: seen[n] - sent[n])
         wall, spent = time.monotonic() - began, cpu_of(world)
-        traced.append({**await trace(world.client, slowest, sent[slowest]), "observed": round(
+        traced.append({**await trace(world, slowest, sent[slowest]), "observed": round(
             seen[slowest] - sent[slowest], 4), "round_s": round(wall, 3),
             "cpu_s": {name: round(spent[name] - cpu[name], 2) for name in cpu}})
     return [seen[n] - sent[n] for n in nodes]

@@ -44,7 +44,9 @@ def _timestamp(value: Any) -> datetime | None:
 def local_activity(event: HistoryEvent) -> dict[str, Any] | None:
     """A local activity the run ran inside a workflow task (the protective step, the configuration
     reads), as the SDK's core records it: a marker with its type, its attempt, when it was done (the
-    worker's clock; the marker keeps no start: its `original_schedule_time` serves timeouts across
+    `complete_time` the SDK stamps, by the worker's clock: measured with 50 workflow tasks at once,
+    up to 0.25 s before the step's own requests reached the API server, so an order, not a
+    latency; the marker keeps no start: its `original_schedule_time` serves timeouts across
     backoffs and may be later than the completion), and its result or failure. None for any other
     event."""
     if not event.HasField("marker_recorded_event_attributes"):
