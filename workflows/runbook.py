@@ -615,7 +615,8 @@ def start(activity: Activity[In, Out], arg: In, **options: Any) -> workflow.Acti
 
 
 def abort_alone() -> bool:
-    """`until` for a long step that only an abort ends early (a drain, a batch of traffic coming home)."""
+    """`until` for a long step that only an abort ends early (a drain, a batch of traffic coming home,
+    the burn-in, a traffic runbook's wait for the other one to stop)."""
     return False
 
 
