@@ -304,7 +304,8 @@ class RetryPolicyConfig(_Strict):
     # that dies mid-wait is noticed after this long. Every heartbeat is a write on the Temporal server
     # (a billed Action on Temporal Cloud), and an incident keeps thousands of runs waiting for hours:
     # 1,000 waits sent 43 a second at 30 s, 13 at 2 min (bench/worker_scale.py). A cancelled run's
-    # wait learns of it through its heartbeat too, so up to this long later.
+    # wait learns of it through its heartbeat too, so up to this long later. Steps that evict while
+    # they wait (a drain, a batch of traffic) heartbeat every 8 s at most, whatever this is.
     wait_heartbeat: Duration = Field(default_factory=lambda: _td(minutes=2))
 
     @field_validator("wait_heartbeat")

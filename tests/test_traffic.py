@@ -268,7 +268,8 @@ async def test_migrate_back_waits_out_a_fleet_pause_and_an_abort_ends_it(world: 
 async def test_an_abort_ends_a_batch_that_waits_out_a_pdb_at_once(world: World) -> None:
     """A batch coming home waits up to `batch_timeout` (10 minutes here) while the service's PDB
     lets no pod go, evicting again whenever it would. An operator's abort ends the run at once, and
-    the evictions stop at the batch's next heartbeat: every pod stays where it serves."""
+    the evictions stop at the batch's next heartbeat (every 8 s, whatever `wait_heartbeat` is):
+    every pod stays where it serves."""
     world.kube.emulator.put(virtual_node(overflow_closed=False))
     fill_home_with_training(world)
     world.kube.emulator.put(deployment("serve", REPLICAS))
@@ -280,7 +281,7 @@ async def test_an_abort_ends_a_batch_that_waits_out_a_pdb_at_once(world: World) 
 
     with replica_controller(world.kube):
         training_finishes(world)
-        policy = world.policy(batch_timeout="10m", retries={"wait_heartbeat": "10s"})
+        policy = world.policy(batch_timeout="10m")  # the default wait_heartbeat: 2 minutes
         async with worker_for(world.client, settings(world), policy):
             migrate = await world.start("migrate-back")
             await status_when(migrate, lambda s: s.step == "move a batch home" and evictions_tried() >= 10,

@@ -423,9 +423,10 @@ async def test_an_abort_stops_a_drain_that_waits_out_a_pdb_at_once(stack: Stack)
     """The drain waits out a PodDisruptionBudget up to its deadline (10 minutes here), evicting
     again whenever the budget allows. An operator who aborts because the drain is wrong ends the run
     at once, and the drain stops at its next heartbeat: it tries no eviction after that, however
-    soon the budget would have let one through."""
+    soon the budget would have let one through. With the default `wait_heartbeat` (2 minutes), as
+    shipped: a drain heartbeats every 8 s however long the waits' heartbeats are."""
     frozen_serve_pdb(stack)
-    policy = stack.policy(grace={"checkpoint": "2s", "eviction_deadline": "10m"}, retries={"wait_heartbeat": "10s"})
+    policy = stack.policy(grace={"checkpoint": "2s", "eviction_deadline": "10m"})
     blocked = "/api/v1/namespaces/inference/pods/serve-gpu-node-0/eviction"
 
     def evictions_tried() -> int:  # as the API server saw them
@@ -438,8 +439,8 @@ async def test_an_abort_stops_a_drain_that_waits_out_a_pdb_at_once(stack: Stack)
                                           "--reason", "serve is mid-rollout")
         assert aborted.returncode == 0, aborted.stderr
         await asyncio.wait_for(handle.result(), 60)
-        # The worker (still running) hears of the cancel with the drain's next heartbeat (every 8 s
-        # at 10 s) and stops: no eviction for longer than two of its 5-second backoffs.
+        # The worker (still running) hears of the cancel with the drain's next heartbeat (every 8 s)
+        # and stops: no eviction for longer than two of its 5-second backoffs.
         await until_quiet(evictions_tried, 12, "the drain's evictions")
 
     report, handle = await stack.run("gpu-node-0", policy=policy, during=operator_aborts)

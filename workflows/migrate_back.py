@@ -128,7 +128,7 @@ class MigrateBack(TrafficRunbook):
             report = await self.call("move a batch home", refs.TRAFFIC_EVICT, EvictPods(
                 pods=[p.ref for p in batch], deadline_s=traffic.batch_timeout.total_seconds(),
                 dry_run=self.dry_run), timeout=traffic.batch_timeout + timedelta(minutes=1),
-                heartbeat=self.wait_heartbeat(), task_queue=self.waits_queue(), until=until)
+                heartbeat=self.evicting_heartbeat(), task_queue=self.waits_queue(), until=until)
             if report is None:
                 continue
             self.decide("move a batch home", ("would evict " if report.dry_run else "evicted ")

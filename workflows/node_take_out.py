@@ -320,7 +320,7 @@ class TakeOutSteps(NodeRunbookBase):
                 "drain", refs.EVICT_PODS,
                 EvictRequest(node=self.node, deadline_s=deadline.total_seconds(), dry_run=self.dry_run,
                              workflow_id=self.workflow_id, selector=selector),
-                timeout=deadline + timedelta(minutes=1), heartbeat=self.wait_heartbeat(),
+                timeout=deadline + timedelta(minutes=1), heartbeat=self.evicting_heartbeat(),
                 retry=self.retry("writes"), task_queue=self.waits_queue(),
                 until=abort_alone if hears_abort else None)
             if report is None:

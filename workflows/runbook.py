@@ -64,6 +64,8 @@ READ_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval
                          maximum_attempts=8, non_retryable_error_types=list(NON_RETRYABLE))
 NOTIFY_RETRY = RetryPolicy(maximum_attempts=2)
 SHORT = timedelta(seconds=30)
+# A step that evicts while it waits hears an abort within 0.8 × this (runbook.evicting_heartbeat).
+EVICTING_HEARTBEAT = timedelta(seconds=10)
 
 
 class RunbookAborted(Exception):
@@ -377,6 +379,14 @@ class Runbook:
         longer than an ordinary call's, since thousands of runs wait for hours in an incident and
         each heartbeat is a write on the server. Not a command attribute a replay compares."""
         return self.policy.retries.wait_heartbeat if self.policy else SHORT
+
+    def evicting_heartbeat(self) -> timedelta:
+        """The heartbeat timeout of a step that evicts while it waits (a drain waiting out a PDB, a
+        batch of traffic moved home): an abort cancels it, and the worker hears so only at a
+        heartbeat, so at `wait_heartbeat`'s 96 s it would go on evicting that long after an operator
+        said stop. Few run at once (a drain holds a lease; migrate-back is one per cluster), so their
+        heartbeats every 8 s cost the server little. Not a command attribute a replay compares."""
+        return min(self.wait_heartbeat(), EVICTING_HEARTBEAT)
 
     def waits_queue(self) -> str | None:
         """Where an activity that waits runs (activities/waits.py: async, holding no thread): the
