@@ -175,13 +175,42 @@ async def round_of(world: BenchWorld, nodes: list[str], traced: list[dict[str, A
     cpu, began = cpu_of(world), time.monotonic()
     sent = dict(zip(nodes, await asyncio.gather(*(alert(world.http, n) for n in nodes)), strict=True))
     seen = await world.observed.wait(nodes)
-    if traced is not None:  # the slowest of the round, step by step
+    if traced is not None:  # the slowest of the round, step by step; every run, phase by phase
         slowest = max(nodes, key=lambda n: seen[n] - sent[n])
         wall, spent = time.monotonic() - began, cpu_of(world)
         traced.append({**await trace(world, slowest, sent[slowest]), "observed": round(
             seen[slowest] - sent[slowest], 4), "round_s": round(wall, 3),
-            "cpu_s": {name: round(spent[name] - cpu[name], 2) for name in cpu}})
+            "cpu_s": {name: round(spent[name] - cpu[name], 2) for name in cpu},
+            "phases": await phases(world.client, {n: (sent[n], seen[n]) for n in nodes})})
     return [seen[n] - sent[n] for n in nodes]
+
+
+async def phases(client: Client, runs: dict[str, tuple[float, float]]) -> dict[str, dict[str, float]]:
+    """Where every run's time went (p50/p99 over the round), from its history: the webhook's start
+    (POST → run started), the first workflow task waiting in the server for a worker's poll
+    (scheduled → started), and from there until the node was seen out of service. The started
+    event carries the server's clock when it handed the task out, so the last span holds that
+    hand-out's own write and the poll's answer as well as the worker's protective step (with 50 at
+    once, a py-spy profile of the worker found its event loop and threads mostly idle)."""
+    spans: dict[str, list[float]] = {"post_to_run_started": [], "first_task_queued": [], "task_to_observed": []}
+    for node, (sent, seen) in runs.items():
+        handle = client.get_workflow_handle(node_workflow_id("xid-recovery", CLUSTER, node))
+        marks: dict[int, float] = {}
+        async for event in handle.fetch_history_events():
+            if event.event_type in FIRST_EVENTS and event.event_type not in marks:
+                marks[event.event_type] = event.event_time.ToDatetime().replace(tzinfo=UTC).timestamp()
+            if len(marks) == len(FIRST_EVENTS):
+                break
+        started, scheduled, task = (marks[e] for e in FIRST_EVENTS)
+        spans["post_to_run_started"].append(started - sent)
+        spans["first_task_queued"].append(task - scheduled)
+        spans["task_to_observed"].append(seen - task)
+    return {name: {"p50_s": round(statistics.median(v), 4), "p99_s": round(percentile(v, 99), 4)}
+            for name, v in spans.items()}
+
+
+FIRST_EVENTS = (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED, EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+                EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED)
 
 
 def summary(latencies: list[float], target_s: float | None = None) -> dict[str, Any]:
