@@ -66,14 +66,16 @@ async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None
     assert {name for name, queue in queues.items() if queue == f"{stack.task_queue}-waits"} == {
         "k8s.evict_pods", "k8s.wait_node_ready"}, queues
     assert queues["provider.request"] == stack.task_queue
-    # The waits carry the policy's wait heartbeat (2 min), not an ordinary call's 30 s: a wait that
-    # lasts hours heartbeats a quarter as often, and the server writes each heartbeat. (The server
-    # cuts it to the attempt's own timeout: this test's short deadlines make that 90 s.)
+    # The wait for Ready carries the policy's wait heartbeat (2 min), not an ordinary call's 30 s: a
+    # wait that lasts hours heartbeats a quarter as often, and the server writes each heartbeat. (The
+    # server cuts it to the attempt's own timeout: this test's short deadlines make that 90 s.) The
+    # drain evicts while it waits: it heartbeats every 8 s (10 s timeout), so an abort stops it then.
     waits = [a for a in scheduled if a.task_queue.name == f"{stack.task_queue}-waits"]
     beats = {a.activity_type.name: a.heartbeat_timeout.ToTimedelta() for a in waits}
-    assert beats == {a.activity_type.name: min(policy.retries.wait_heartbeat, a.start_to_close_timeout.ToTimedelta())
-                     for a in waits}, beats
-    assert min(beats.values()) > policy.retries.call_timeout, beats
+    ready = next(a for a in waits if a.activity_type.name == "k8s.wait_node_ready")
+    ready_beat = min(policy.retries.wait_heartbeat, ready.start_to_close_timeout.ToTimedelta())
+    assert beats == {"k8s.wait_node_ready": ready_beat, "k8s.evict_pods": timedelta(seconds=10)}, beats
+    assert beats["k8s.wait_node_ready"] > policy.retries.call_timeout, beats
     assert policy.retries.wait_heartbeat == timedelta(minutes=2)
     # The protective step ran inside the run's first workflow task, as a local activity: no task
     # queue, and nothing scheduled before it.
