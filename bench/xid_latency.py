@@ -146,21 +146,16 @@ async def trace(world: BenchWorld, node: str, sent: float) -> dict[str, float]:
 
 def api_calls(world: BenchWorld, node: str) -> dict[str, float]:
     """When the API server answered the worker's first read of `node` and its cordon (audit log)."""
-    path, worker = f"/api/v1/nodes/{node}", world.kube.cluster.identity_user("worker")
+    path = f"/api/v1/nodes/{node}"
     found: dict[str, float] = {}
-    with world.kube.cluster.audit_log.open() as log:
-        for line in log:
-            if path not in line:
-                continue
-            event = json.loads(line)
-            if event.get("stage") != "ResponseComplete" or event.get("user", {}).get("username") != worker \
-                    or event["requestURI"].split("?")[0] != path:
-                continue
-            at = datetime.fromisoformat(event["stageTimestamp"]).timestamp()
-            if event["verb"] == "get":
-                found.setdefault("node read (API audit)", at)
-            elif event["verb"] == "patch" and "unschedulable" in json.dumps(event.get("requestObject")):
-                found.setdefault("cordon (API audit)", at)
+    for request in world.kube.requests(("worker",)):
+        if request.url.path != path:
+            continue
+        at = datetime.fromisoformat(request.event["stageTimestamp"]).timestamp()
+        if request.verb == "get":
+            found.setdefault("node read (API audit)", at)
+        elif request.verb == "patch" and "unschedulable" in json.dumps(request.data):
+            found.setdefault("cordon (API audit)", at)
     return found
 
 
