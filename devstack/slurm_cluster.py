@@ -186,16 +186,16 @@ class LocalSlurmCluster:
                 raise SlurmStartError(f"slurmrestd runs as nobody and cannot reach {self.dir}: {hidden[0]} "
                                       "is not world-traversable; leave workdir unset for a /tmp dir")
         # A port chosen free can still be taken before a daemon binds it (another server on the
-        # machine picking the same number): then start again on new ports, a bounded few times.
-        for attempt in range(3):
+        # machine picking the same number): then start again on new ports, 3 tries in all.
+        for _ in range(2):
             try:
                 return self._start_daemons(timeout_s)
             except SlurmStartError as exc:
-                if "Address already in use" not in str(exc) or attempt == 2:
+                if "Address already in use" not in str(exc):
                     raise
                 self._stop_daemons()
                 self._choose_ports()
-        raise AssertionError("unreachable")
+        return self._start_daemons(timeout_s)
 
     def _choose_ports(self) -> None:
         self.ctld_port = free_port()
