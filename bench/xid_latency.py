@@ -45,9 +45,10 @@ from typing import Any
 
 import httpx
 from temporalio import activity, workflow
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
-from temporalio.worker import PollerBehaviorAutoscaling, Worker
+from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -56,6 +57,7 @@ from bench.world import CLUSTER, QUEUE, BenchWorld, cpu_seconds
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import NodeRunbookInput
 from workers.audit import local_activity
+from workers.worker import WORKFLOW_POLLS
 
 WAITING = 'FleetStep = "wait for node Ready"'
 
@@ -88,12 +90,12 @@ async def floor(client: Client, runs: int, at_once: bool = False) -> list[float]
         return FLOOR_DONE[key] - began
 
     with ThreadPoolExecutor(8) as pool:
-        # Pollers that scale with the backlog, as the FleetMedic worker's (workers/worker.py).
+        # Polls as the FleetMedic worker's (workers/worker.py).
         async with Worker(client, task_queue="bench-floor", workflows=[Floor], activities=[touch],
                           activity_executor=pool, max_concurrent_activities=8,
-                          workflow_task_poller_behavior=PollerBehaviorAutoscaling(minimum=2, maximum=20, initial=8),
-                          nonsticky_to_sticky_poll_ratio=1.0,
-                          activity_task_poller_behavior=PollerBehaviorAutoscaling(initial=5)):
+                          workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(WORKFLOW_POLLS),
+                          nonsticky_to_sticky_poll_ratio=0.5,
+                          activity_task_poller_behavior=PollerBehaviorSimpleMaximum(8)):
             if at_once:
                 return list(await asyncio.gather(*(one(i) for i in range(runs))))
             return [await one(i) for i in range(runs)]
@@ -204,6 +206,38 @@ async def phases(client: Client, runs: dict[str, tuple[float, float]]) -> dict[s
             for name, v in spans.items()}
 
 
+async def lost_tasks(client: Client) -> dict[str, Any]:
+    """Tasks that timed out in every run of the benchmark (from their histories), by kind. A
+    workflow task `handed_out_never_done` (start-to-close) went to a poll and no worker finished it:
+    the run sat idle for the whole task timeout (10 s by default) before it was given out again. A
+    sticky task `not_picked_up` (schedule-to-start) waited for the worker that ran the run's last
+    step until the sticky timeout, then went back to the shared queue. An activity attempt that timed
+    out (its retry's started event carries the failure) is counted whatever the cause."""
+    ids = [w.id async for w in client.list_workflows(f'FleetCluster = "{CLUSTER}"')]
+    gate = asyncio.Semaphore(16)
+    kinds = {TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE: "workflow_tasks_handed_out_never_done",
+             TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START: "sticky_tasks_not_picked_up"}
+
+    def kind(event: HistoryEvent) -> str | None:
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+            return kinds.get(event.workflow_task_timed_out_event_attributes.timeout_type, "other")
+        started = event.activity_task_started_event_attributes
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED and started.attempt > 1 \
+                and started.last_failure.HasField("timeout_failure_info"):
+            return "activity_attempts_timed_out"
+        return None
+
+    async def timeouts(workflow_id: str) -> list[str]:
+        async with gate:
+            found = [kind(e) async for e in client.get_workflow_handle(workflow_id).fetch_history_events()]
+            return [k for k in found if k]
+
+    found = await asyncio.gather(*(timeouts(i) for i in ids))
+    names = (*kinds.values(), "other", "activity_attempts_timed_out")
+    return {"runs": len(ids), **{name: sum(f.count(name) for f in found) for name in names},
+            "runs_with_a_lost_workflow_task": sum(1 for f in found if "workflow_tasks_handed_out_never_done" in f)}
+
+
 FIRST_EVENTS = (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED, EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
                 EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED)
 
@@ -276,6 +310,7 @@ async def main(sequential: int, concurrent: int, flying: int, node_lease_s: int 
         await settled(world.client, names["c"])
         ramp_s = await in_flight(world.client, flying - 1, names["f"][1:])
         late = await round_of(world, names["l"], traces)
+        lost = await lost_tasks(world.client)
     floor_p99 = percentile(floor_s, 99)
     return {
         "benchmark": "xid_latency", "kubernetes": "real control plane", "kwok_node_lease_s": node_lease_s,
@@ -293,6 +328,7 @@ async def main(sequential: int, concurrent: int, flying: int, node_lease_s: int 
                                          floor_together, 99), 2)},
         f"in_flight_{flying}": {**summary(late, 2.0), "runs_in_flight": flying, "ramp_s": round(ramp_s, 1),
                                 "slowest": traces[1]},
+        "lost_workflow_tasks": lost,
     }
 
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from kubernetes.client import ApiClient
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.worker import PollerBehaviorAutoscaling, UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, Worker
 
 from activities.agent import AgentActivities
 from activities.burn_in import BurnInActivities
@@ -185,8 +185,20 @@ class FleetWorker:
             self.on_close()
 
 
-# Workflow-task polls a worker may keep open at once (the autoscaler stays between 8 and this).
-WORKFLOW_POLLERS_MAX = 20
+# Workflow-task polls a worker keeps open, half on the shared queue (a storm's new runs, whose first
+# task is the protective step) and half on the worker's sticky queue (the next steps of the runs it
+# keeps). The SDK's default, one shared poll of five, left 50 new alerts waiting ~2.5 s, a poll round
+# trip each, for their first task. Its autoscaling pollers took them together but, once tasks flow,
+# shorten each poll to 11 s, and a busy server answers some polls after their caller has given up:
+# the task is then recorded as handed out, nobody runs it, and the run sits out the 10 s workflow
+# task timeout. bench/xid_latency counts such tasks in every run's history: of 1,110 runs, 30 and 33
+# with the autoscaler (in two of its four storm rounds one of the 50 new alerts waited that out: its
+# cordon came 11.8 s after the alert); 13 and 13 with these fixed polls, which the server holds for a
+# minute (none in their four storm rounds). Fewer polls lost fewer (16: 3) but left the sticky
+# queue short: 215 next steps waited out its 10 s timeout (none at 32).
+WORKFLOW_POLLS = 32
+# Activity polls on the main queue (leases, drains, provider calls), fixed for the same reason.
+ACTIVITY_POLLS = 16
 # Workflow tasks a worker takes at once. They share its one interpreter: at the SDK's 100, 5,000
 # runs started together kept 100 in the worker, where each waited its turn, 2,759 of them past the
 # SDK's 5 s warning and some past their 10 s timeout, to be redone. Fewer at once wait in the
@@ -196,9 +208,9 @@ WORKFLOW_TASK_SLOTS = 32
 
 def protective_pollers(settings: Settings) -> int:
     """Polls of the protective queue kept open however quiet it has been (runs recorded before the
-    step moved into the workflow task, and their storms, during an upgrade). Between storms the SDK's
-    autoscaler shrinks to its minimum, and the next storm's cordons then wait for it to grow back,
-    one round trip at a time; 16 open polls take 16 cordons at once."""
+    step moved into the workflow task, and their storms, during an upgrade): 16 open polls take 16
+    cordons at once, where the SDK's default five would leave a storm's cordons waiting a poll round
+    trip each."""
     return min(16, max(1, settings.protective_slots))
 
 
@@ -220,13 +232,10 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         max_cached_workflows=cache.runs,
         max_concurrent_workflow_tasks=WORKFLOW_TASK_SLOTS,
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
-        # A storm's new runs arrive on the non-sticky queue, which the SDK's default polls with one
-        # poller of five: 50 new alerts then waited ~2.5 s, one poll round trip each, for their
-        # first workflow task. Pollers that scale with the backlog take them together, and 8 stay
-        # open between storms (the autoscaler would otherwise shrink to its minimum).
-        workflow_task_poller_behavior=PollerBehaviorAutoscaling(minimum=8, maximum=WORKFLOW_POLLERS_MAX, initial=8),
-        nonsticky_to_sticky_poll_ratio=1.0,
-        activity_task_poller_behavior=PollerBehaviorAutoscaling(initial=5),
+        # Polls held open at a fixed count: see WORKFLOW_POLLS.
+        workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(WORKFLOW_POLLS),
+        nonsticky_to_sticky_poll_ratio=0.5,
+        activity_task_poller_behavior=PollerBehaviorSimpleMaximum(ACTIVITY_POLLS),
     )
     # The protective step of runs recorded before it ran as a local activity (and of their workers'
     # peers during an upgrade): a coroutine on the step's own threads, like the local activity.
@@ -235,10 +244,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         activities=activities.protective,
         max_concurrent_activities=settings.protective_slots,
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
-        # As many polls as slots: 50 cordons at once must not queue behind five poll round trips.
-        activity_task_poller_behavior=PollerBehaviorAutoscaling(minimum=protective_pollers(settings),
-                                                                maximum=max(1, settings.protective_slots),
-                                                                initial=protective_pollers(settings)),
+        activity_task_poller_behavior=PollerBehaviorSimpleMaximum(protective_pollers(settings)),
     )
     waits = Worker(client, task_queue=wait_queue(settings), activities=activities.waits,
                    max_concurrent_activities=settings.wait_slots, graceful_shutdown_timeout=SHUTDOWN_GRACE,
