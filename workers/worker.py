@@ -210,7 +210,7 @@ def protective_pollers(settings: Settings) -> int:
     """Polls of the protective queue kept open however quiet it has been (runs recorded before the
     step moved into the workflow task, and their storms, during an upgrade): 16 open polls take 16
     cordons at once, where the SDK's default five would leave a storm's cordons waiting a poll round
-    trip each."""
+    trip each. A fixed count, as WORKFLOW_POLLS says why."""
     return min(16, max(1, settings.protective_slots))
 
 
