@@ -60,7 +60,7 @@ from bench.world import CLUSTER, QUEUE, BenchWorld, cpu_seconds
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import NodeRunbookInput
 from workers.audit import local_activity
-from workers.worker import WORKFLOW_POLLS
+from workers.worker import SHARED_QUEUE_POLLS, WORKFLOW_POLLS
 
 WAITING = 'FleetStep = "wait for node Ready"'
 
@@ -97,7 +97,7 @@ async def floor(client: Client, runs: int, at_once: bool = False) -> list[float]
         async with Worker(client, task_queue="bench-floor", workflows=[Floor], activities=[touch],
                           activity_executor=pool, max_concurrent_activities=8,
                           workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(WORKFLOW_POLLS),
-                          nonsticky_to_sticky_poll_ratio=0.5,
+                          nonsticky_to_sticky_poll_ratio=SHARED_QUEUE_POLLS,
                           activity_task_poller_behavior=PollerBehaviorSimpleMaximum(8)):
             if at_once:
                 return list(await asyncio.gather(*(one(i) for i in range(runs))))

@@ -197,6 +197,8 @@ class FleetWorker:
 # minute (none in their four storm rounds). Fewer polls lost fewer (16: 3) but left the sticky
 # queue short: 215 next steps waited out its 10 s timeout (none at 32).
 WORKFLOW_POLLS = 32
+# The share of them on the shared queue (the SDK's nonsticky_to_sticky_poll_ratio): half.
+SHARED_QUEUE_POLLS = 0.5
 # Activity polls on the main queue (leases, drains, provider calls), fixed for the same reason.
 ACTIVITY_POLLS = 16
 # Workflow tasks a worker takes at once. They share its one interpreter: at the SDK's 100, 5,000
@@ -234,7 +236,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
         # Polls held open at a fixed count: see WORKFLOW_POLLS.
         workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(WORKFLOW_POLLS),
-        nonsticky_to_sticky_poll_ratio=0.5,
+        nonsticky_to_sticky_poll_ratio=SHARED_QUEUE_POLLS,
         activity_task_poller_behavior=PollerBehaviorSimpleMaximum(ACTIVITY_POLLS),
     )
     # The protective step of runs recorded before it ran as a local activity (and of their workers'
