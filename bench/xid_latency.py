@@ -218,7 +218,8 @@ async def timed_out_tasks(client: Client) -> dict[str, Any]:
     (its retry's started event carries the failure) is counted whatever the cause."""
     ids = [w.id async for w in client.list_workflows(f'FleetCluster = "{CLUSTER}"')]
     gate = asyncio.Semaphore(16)
-    kinds = {TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE: "workflow_tasks_handed_out_never_done",
+    lost = "workflow_tasks_handed_out_never_done"
+    kinds = {TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE: lost,
              TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START: "sticky_tasks_not_picked_up"}
 
     def kind(event: HistoryEvent) -> str | None:
@@ -238,7 +239,7 @@ async def timed_out_tasks(client: Client) -> dict[str, Any]:
     found = await asyncio.gather(*(timeouts(i) for i in ids))
     names = (*kinds.values(), "other", "activity_attempts_timed_out")
     return {"runs": len(ids), **{name: sum(f.count(name) for f in found) for name in names},
-            "runs_with_a_lost_workflow_task": sum(1 for f in found if "workflow_tasks_handed_out_never_done" in f)}
+            "runs_with_a_lost_workflow_task": sum(1 for f in found if lost in f)}
 
 
 FIRST_EVENTS = (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED, EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
