@@ -15,7 +15,7 @@ from temporalio.client import Client
 
 from activities.errors import fail, reread_on_conflict
 from activities.kubernetes import KubernetesActivities, api_errors, node_info
-from activities.start import signal_shared
+from activities.start import RUNBOOK_TASK_TIMEOUT, signal_shared
 from fleetmedic.details import run_details
 from fleetmedic.errors import ErrorKind
 from fleetmedic.ids import cluster_workflow_id, run_summary, start_attributes
@@ -157,6 +157,7 @@ class KueueTrigger:
         request = QuotaSyncInput(cluster=cluster, requested_by="node runbook")
         await signal_shared(self.client, "kueue-quota-sync", request, refused=f"{workflow_id} did not take the sync",
                             workflow_id=workflow_id, task_queue=self.task_queue, signal="sync",
+                            task_timeout=RUNBOOK_TASK_TIMEOUT,
                             search_attributes=start_attributes("kueue-quota-sync", cluster),
                             summary=run_summary("kueue-quota-sync", cluster, why="a node left or came back"),
                             details=run_details(workflow_id, "kueue-quota-sync", cluster,

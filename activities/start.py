@@ -22,17 +22,30 @@ from fleetmedic.errors import ErrorKind
 BUSY = (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE,
         RPCStatusCode.CANCELLED)
 
+# How long a runbook's workflow task may be out with a worker before the server gives it out again
+# (the SDK's default is 10 s; a worker that died holding one is also noticed this soon). A saturated
+# server sometimes records a task as handed out to a poll whose answer never reaches the worker
+# (bench/xid_latency counts them in every run's history: 13 to 46 of 1,110 runs, in a storm's ramp
+# and in a round of 50 new alerts); the run then sits idle this long before its next step, the
+# protective one if it was the first task. The tasks workers did finish were held at most 3.7 s
+# (12,791 tasks in bench/xid_latency's ramp of 1,000 runs) and 3.9 s (22,687 in bench/worker_scale,
+# 2,000 started together), and one running a local activity (the protective step) is kept alive by
+# the SDK past 80 % of this. The fleet guard keeps the default: its tasks take batches of requests.
+RUNBOOK_TASK_TIMEOUT = timedelta(seconds=5)
+
 
 async def start_or_attach(client: Client, workflow: str, arg: Any, *, workflow_id: str, task_queue: str,
                           signal: str | None = None, signal_args: Sequence[Any] = (),
                           search_attributes: TypedSearchAttributes | None = None, result_type: type | None = None,
                           rpc_timeout: timedelta | None = None, summary: str | None = None,
-                          details: str | None = None, after_closed: bool = True) -> WorkflowHandle[Any, Any]:
+                          details: str | None = None, after_closed: bool = True,
+                          task_timeout: timedelta | None = None) -> WorkflowHandle[Any, Any]:
     """Start `workflow`, or attach to its open run; `signal` reaches the run either way
     (signal-with-start). The handle's `result_run_id` says which run it is. `summary` and `details`:
     what the Temporal UI shows for the run (what, where, why), instead of "No summary available".
     `after_closed=False`: refuse (WorkflowAlreadyStartedError) when the ID has a closed run, so the
-    caller can look at it first — one round trip for the common case, a new incident."""
+    caller can look at it first — one round trip for the common case, a new incident. `task_timeout`:
+    its workflow tasks' (RUNBOOK_TASK_TIMEOUT for a runbook), else the SDK's 10 s."""
     return await client.start_workflow(
         workflow, arg, id=workflow_id, task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -40,7 +53,7 @@ async def start_or_attach(client: Client, workflow: str, arg: Any, *, workflow_i
                          else WorkflowIDReusePolicy.REJECT_DUPLICATE),
         start_signal=signal, start_signal_args=list(signal_args), search_attributes=search_attributes,
         result_type=result_type, rpc_timeout=rpc_timeout, static_summary=summary,
-        static_details=details)
+        static_details=details, task_timeout=task_timeout)
 
 
 async def signal_shared(client: Client, workflow: str, arg: Any, *, refused: str, workflow_id: str, task_queue: str,

@@ -11,6 +11,8 @@ alone cost: the heartbeats the Temporal server records a second (each a write; a
 on Temporal Cloud), the seconds between two heartbeats of one wait, and the server's and the
 worker's CPU. The worker is given the shipped manifests' memory limit (`--worker-memory`, 1Gi), as
 the downward API gives it, and keeps as many runs in memory as that holds (workers/memory.py).
+Last, from every run's history (bench/histories.py): the tasks that timed out, and how long the
+worker held the workflow tasks it finished.
 
     python bench/worker_scale.py [--runs 5000] [--hold 300] [--wait-heartbeat 2m] [--worker-memory 1Gi]
 
@@ -31,6 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from activities.start import RUNBOOK_TASK_TIMEOUT
+from bench.histories import timed_out_tasks
 from bench.world import CLUSTER, QUEUE, BenchWorld, cpu_seconds, peak_rss_mib
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import NodeRunbookInput
@@ -57,7 +61,8 @@ async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
         for start in range(0, runs, 200):
             await asyncio.gather(*(world.client.start_workflow(
                 "xid-recovery", NodeRunbookInput(cluster=CLUSTER, node=n, gpu=0, xid=79),
-                id=node_workflow_id("xid-recovery", CLUSTER, n), task_queue=QUEUE) for n in nodes[start:start + 200]))
+                id=node_workflow_id("xid-recovery", CLUSTER, n), task_queue=QUEUE, task_timeout=RUNBOOK_TASK_TIMEOUT)
+            for n in nodes[start:start + 200]))
         waiting = 0
         while time.monotonic() - began < deadline_s:
             waiting = (await world.client.count_workflows(WAITING)).count
@@ -79,6 +84,7 @@ async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
         rss = peak_rss_mib(world.worker_pid())
         closed = (await world.client.count_workflows(CLOSED)).count
         log = world.worker.log.read_text(errors="replace")
+        tasks = await timed_out_tasks(world.client, f'FleetCluster = "{CLUSTER}"')
     pool_warnings = log.count("Connection pool is full")
     kept = re.search(r"keeps up to (\d+) runs in memory", log)
     return {
@@ -96,6 +102,7 @@ async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
                  "s_between_heartbeats_of_a_wait": round(waiting * held / beats, 1) if beats else None,
                  "temporal_cpu_share": round(hold_server_cpu / held, 3),
                  "worker_cpu_share": round(hold_worker_cpu / held, 3)},
+        "timed_out_tasks": tasks,
     }
 
 

@@ -48,13 +48,14 @@ from typing import Any
 
 import httpx
 from temporalio import activity, workflow
-from temporalio.api.enums.v1 import EventType, TimeoutType
-from temporalio.api.history.v1 import HistoryEvent
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from activities.start import RUNBOOK_TASK_TIMEOUT
+from bench.histories import timed_out_tasks
 from bench.stats import percentile
 from bench.world import CLUSTER, QUEUE, BenchWorld, cpu_seconds
 from fleetmedic.ids import node_workflow_id
@@ -191,8 +192,11 @@ async def phases(client: Client, runs: dict[str, tuple[float, float]]) -> dict[s
     (scheduled → started), and from there until the node was seen out of service. The started
     event carries the server's clock when it handed the task out, so the last span holds that
     hand-out's own write and the poll's answer as well as the worker's protective step (with 50 at
-    once, a py-spy profile of the worker found its event loop and threads mostly idle)."""
-    spans: dict[str, list[float]] = {"post_to_run_started": [], "first_task_queued": [], "task_to_observed": []}
+    once, a py-spy profile of the worker found its event loop and threads mostly idle). The first
+    task is held by the worker (one of its workflow-task slots) from its hand-out until it is done,
+    its protective step included: `first_task_held`."""
+    spans: dict[str, list[float]] = {"post_to_run_started": [], "first_task_queued": [], "task_to_observed": [],
+                                     "first_task_held": []}
     for node, (sent, seen) in runs.items():
         handle = client.get_workflow_handle(node_workflow_id("xid-recovery", CLUSTER, node))
         marks: dict[int, float] = {}
@@ -201,49 +205,17 @@ async def phases(client: Client, runs: dict[str, tuple[float, float]]) -> dict[s
                 marks[event.event_type] = event.event_time.ToDatetime().replace(tzinfo=UTC).timestamp()
             if len(marks) == len(FIRST_EVENTS):
                 break
-        started, scheduled, task = (marks[e] for e in FIRST_EVENTS)
+        started, scheduled, task, done = (marks[e] for e in FIRST_EVENTS)
         spans["post_to_run_started"].append(started - sent)
         spans["first_task_queued"].append(task - scheduled)
         spans["task_to_observed"].append(seen - task)
+        spans["first_task_held"].append(done - task)
     return {name: {"p50_s": round(statistics.median(v), 4), "p99_s": round(percentile(v, 99), 4)}
             for name, v in spans.items()}
 
 
-async def timed_out_tasks(client: Client) -> dict[str, Any]:
-    """Tasks that timed out, in every run of the benchmark (from their histories), by kind. A
-    workflow task handed out and never done (start-to-close) went to a poll and no worker ran it: the
-    run sat idle for the whole task timeout (10 s by default) before it was given out again. A sticky
-    task not picked up (schedule-to-start) waited for the worker that ran the run's last step until
-    the sticky timeout (10 s), then went back to the shared queue. An activity attempt that timed out
-    (its retry's started event carries the failure) is counted whatever the cause."""
-    ids = [w.id async for w in client.list_workflows(f'FleetCluster = "{CLUSTER}"')]
-    gate = asyncio.Semaphore(16)
-    lost = "workflow_tasks_handed_out_never_done"
-    kinds = {TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE: lost,
-             TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START: "sticky_tasks_not_picked_up"}
-
-    def kind(event: HistoryEvent) -> str | None:
-        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
-            return kinds.get(event.workflow_task_timed_out_event_attributes.timeout_type, "other")
-        started = event.activity_task_started_event_attributes
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED and started.attempt > 1 \
-                and started.last_failure.HasField("timeout_failure_info"):
-            return "activity_attempts_timed_out"
-        return None
-
-    async def timeouts(workflow_id: str) -> list[str]:
-        async with gate:
-            found = [kind(e) async for e in client.get_workflow_handle(workflow_id).fetch_history_events()]
-            return [k for k in found if k]
-
-    found = await asyncio.gather(*(timeouts(i) for i in ids))
-    names = (*kinds.values(), "other", "activity_attempts_timed_out")
-    return {"runs": len(ids), **{name: sum(f.count(name) for f in found) for name in names},
-            "runs_with_a_lost_workflow_task": sum(1 for f in found if lost in f)}
-
-
 FIRST_EVENTS = (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED, EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
-                EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED)
+                EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
 
 
 def summary(latencies: list[float], target_s: float | None = None) -> dict[str, Any]:
@@ -283,7 +255,8 @@ async def in_flight(client: Client, count: int, nodes: list[str]) -> float:
     for start in range(0, count, 100):
         await asyncio.gather(*(client.start_workflow(
             "xid-recovery", NodeRunbookInput(cluster=CLUSTER, node=n, gpu=0, xid=79),
-            id=node_workflow_id("xid-recovery", CLUSTER, n), task_queue=QUEUE) for n in nodes[start:start + 100]))
+            id=node_workflow_id("xid-recovery", CLUSTER, n), task_queue=QUEUE, task_timeout=RUNBOOK_TASK_TIMEOUT)
+            for n in nodes[start:start + 100]))
     while (await client.count_workflows(query)).count < already + count:
         if time.monotonic() - began > 1800:
             raise SystemExit(json.dumps({"error": f"{count} runs did not all reach 'wait for node Ready' in 30 min"}))
@@ -314,7 +287,7 @@ async def main(sequential: int, concurrent: int, flying: int, node_lease_s: int 
         await settled(world.client, names["c"])
         ramp_s = await in_flight(world.client, flying - 1, names["f"][1:])
         late = await round_of(world, names["l"], traces)
-        timed_out = await timed_out_tasks(world.client)
+        timed_out = await timed_out_tasks(world.client, f'FleetCluster = "{CLUSTER}"')
     floor_p99 = percentile(floor_s, 99)
     return {
         "benchmark": "xid_latency", "kubernetes": "real control plane", "kwok_node_lease_s": node_lease_s,

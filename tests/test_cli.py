@@ -9,6 +9,7 @@ import sys
 import pytest
 from temporalio.client import Client
 
+from activities.start import RUNBOOK_TASK_TIMEOUT
 from fleetmedic.models import RunbookStatus
 
 DESIGN_COMMANDS = ["dev", "worker", "webhook", "agent", "run", "pause", "resume", "status", "audit"]
@@ -78,6 +79,8 @@ async def test_run_starts_once_per_node_and_status_lists_it(client: Client, task
     assert details is not None and "**Node** n1" in details and "**Started by** `cli (fleetmedic run)`" in details
     assert "**Shadow mode**" in details and f"fleetmedic audit {workflow_id}" in details
     handle = client.get_workflow_handle(workflow_id, result_type=RunbookStatus)
+    started = (await handle.fetch_history()).events[0].workflow_execution_started_event_attributes
+    assert started.workflow_task_timeout.ToTimedelta() == RUNBOOK_TASK_TIMEOUT  # as the webhook starts it
     await handle.terminate("test over")
 
 

@@ -15,6 +15,7 @@ from temporalio.client import Client, WorkflowHandle
 from activities.kube_client import load_api_client
 from activities.kubernetes import KubernetesActivities
 from activities.kueue import KueueActivities
+from activities.start import RUNBOOK_TASK_TIMEOUT
 from devstack import fleet
 from devstack.kube_emulator import KubeEmulatorThread
 from fleetmedic.ids import cluster_workflow_id
@@ -237,6 +238,10 @@ async def test_the_schedule_exists_after_the_worker_starts_runs_and_pausing_stop
         assert description.schedule.state.paused
         assert len(description.info.recent_actions) == paused_at
         assert await runs() >= 2
+        async for run in client.list_workflows(f'WorkflowType = "kueue-quota-sync" AND FleetCluster = "{task_queue}"'):
+            history = await client.get_workflow_handle(run.id, run_id=run.run_id).fetch_history()
+            started = history.events[0].workflow_execution_started_event_attributes
+            assert started.workflow_task_timeout.ToTimedelta() == RUNBOOK_TASK_TIMEOUT  # as every runbook's
     finally:
         stop.set()
         await asyncio.wait_for(worker, 60)

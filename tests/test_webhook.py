@@ -11,6 +11,7 @@ import httpx
 import pytest
 from temporalio.client import Client
 
+from activities.start import RUNBOOK_TASK_TIMEOUT
 from fleetmedic.models import RunbookStatus
 from fleetmedic.policy import RoutingPolicy
 from tests.alerts import payload, xid_alert
@@ -48,6 +49,9 @@ async def test_firing_alert_starts_the_runbook_and_a_repeat_attaches(webhook: An
                                json=payload(xid_alert("gpu-7", task_queue, status="resolved"), status="resolved"))
     assert resolved.json()["alerts"][0]["action"] == "attached"
     history = await client.get_workflow_handle(answer["workflow_id"]).fetch_history()
+    # A task the server hands out and never hears of again is given out anew within this, not 10 s.
+    started = history.events[0].workflow_execution_started_event_attributes
+    assert started.workflow_task_timeout.ToTimedelta() == RUNBOOK_TASK_TIMEOUT
     signals = [e.workflow_execution_signaled_event_attributes for e in history.events
                if e.HasField("workflow_execution_signaled_event_attributes")]
     statuses = [json.loads(s.input.payloads[0].data)["status"] for s in signals]

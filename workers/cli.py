@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from activities.start import start_or_attach
+from activities.start import RUNBOOK_TASK_TIMEOUT, start_or_attach
 from fleetmedic.details import run_details
 from fleetmedic.ids import (
     NODE_RUNBOOKS,
@@ -285,7 +285,7 @@ async def run_command(client: Client, args: argparse.Namespace, settings: Settin
     workflow_id = node_workflow_id(args.runbook, cluster, node) if node else cluster_workflow_id(args.runbook, cluster)
     handle = await start_or_attach(
         client, args.runbook, runbook_input, result_type=RunbookStatus, workflow_id=workflow_id,
-        task_queue=settings.task_queue,
+        task_queue=settings.task_queue, task_timeout=RUNBOOK_TASK_TIMEOUT,
         search_attributes=start_attributes(args.runbook, cluster, node, args.xid if node else None, args.dry_run),
         summary=run_summary(args.runbook, cluster, node, args.xid if node else None, args.gpu if node else None,
                             f"started by {args.by}" + (" (shadow)" if args.dry_run else "")),

@@ -22,6 +22,7 @@ from temporalio.client import (
     ScheduleUpdateInput,
 )
 
+from activities.start import RUNBOOK_TASK_TIMEOUT
 from fleetmedic.details import run_details
 from fleetmedic.ids import cluster_workflow_id, run_summary, start_attributes
 from fleetmedic.policy import Policy
@@ -44,6 +45,7 @@ async def ensure_quota_schedule(client: Client, settings: Settings, policy: Poli
     action = ScheduleActionStartWorkflow(
         QUOTA_SYNC, QuotaSyncInput(cluster=settings.cluster, requested_by="schedule"),
         id=schedule_id, task_queue=settings.task_queue,  # Temporal appends the run's time to the ID
+        task_timeout=RUNBOOK_TASK_TIMEOUT,
         typed_search_attributes=start_attributes(QUOTA_SYNC, settings.cluster),
         static_summary=run_summary(QUOTA_SYNC, settings.cluster, why=f"every {policy.kueue.interval}"),
         static_details=run_details(schedule_id, QUOTA_SYNC, settings.cluster,

@@ -36,7 +36,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.start import start_or_attach
+from activities.start import RUNBOOK_TASK_TIMEOUT, start_or_attach
 from fleetmedic.details import run_details
 from fleetmedic.errors import validation_errors
 from fleetmedic.ids import FLEET_OUTCOME, run_summary, start_attributes
@@ -217,7 +217,7 @@ class AlertReceiver:
             task_queue=self.task_queue, signal="alert", signal_args=[alert], result_type=RunbookStatus,
             search_attributes=start_attributes(decision.runbook, decision.cluster, decision.node,
                                                decision.input.xid),
-            rpc_timeout=self._rpc_timeout(), after_closed=after_closed,
+            rpc_timeout=self._rpc_timeout(), after_closed=after_closed, task_timeout=RUNBOOK_TASK_TIMEOUT,
             summary=run_summary(decision.runbook, decision.cluster, decision.node, decision.input.xid,
                                 decision.input.gpu, f"alert {alert.labels.get('alertname', '?')}"),
             details=run_details(decision.workflow_id, decision.runbook, decision.cluster, node=decision.node,

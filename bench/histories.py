@@ -1,0 +1,87 @@
+"""What the server's histories say about a benchmark's runs: the tasks that timed out, and how long
+the worker held the workflow tasks it did finish. Read from the server, not from the worker's
+bookkeeping, after the timed part of a benchmark."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client
+
+from bench.stats import percentile
+from workers.audit import LOCAL_ACTIVITY_MARKER
+
+LOST = "workflow_tasks_handed_out_never_done"
+KINDS = {TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE: LOST,
+         TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START: "sticky_tasks_not_picked_up"}
+
+
+def timeout_kind(event: HistoryEvent) -> str | None:
+    if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+        return KINDS.get(event.workflow_task_timed_out_event_attributes.timeout_type, "other")
+    started = event.activity_task_started_event_attributes
+    if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED and started.attempt > 1 \
+            and started.last_failure.HasField("timeout_failure_info"):
+        return "activity_attempts_timed_out"
+    return None
+
+
+async def timed_out_tasks(client: Client, query: str) -> dict[str, Any]:
+    """Tasks that timed out in every run `query` lists, by kind. A workflow task handed out and never
+    done (start-to-close) went to a poll and no worker ran it: the run sat idle for its whole
+    workflow-task timeout before the task was given out again. A sticky task not picked up
+    (schedule-to-start) waited for the worker that ran the run's last step until the sticky timeout
+    (10 s), then went back to the shared queue. An activity attempt that timed out (its retry's
+    started event carries the failure) is counted whatever the cause. And how long the workflow
+    tasks that were done were held, from hand-out to done: what a workflow-task timeout must allow
+    for, lest a task the worker is running be given out again."""
+    ids = [w.id async for w in client.list_workflows(query)]
+    gate = asyncio.Semaphore(16)
+    # Apart: tasks that ran a local activity (the protective step), which the SDK keeps alive past
+    # 80 % of the timeout, and the others, which must be done within it (a task kept alive that way
+    # is done at 80 % without its local activity's marker, and counts among the others).
+    held: dict[bool, list[float]] = {True: [], False: []}
+
+    async def timeouts(workflow_id: str) -> list[str]:
+        handed_out: dict[int, float] = {}
+        found: list[str] = []
+        last: float | None = None  # the last task done, until its commands show whether it ran one
+        async with gate:
+            async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
+                at = event.event_time.ToDatetime().timestamp()
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                    handed_out[event.event_id] = at
+                elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+                    if last is not None:
+                        held[False].append(last)
+                    last = at - handed_out[event.workflow_task_completed_event_attributes.started_event_id]
+                elif event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and last is not None \
+                        and event.marker_recorded_event_attributes.marker_name == LOCAL_ACTIVITY_MARKER:
+                    held[True].append(last)
+                    last = None
+                elif kind := timeout_kind(event):
+                    found.append(kind)
+                    if kind == LOST:  # to set beside the server's log, which names the run
+                        print(f"lost workflow task: {workflow_id}, timed out at {event.event_time.ToJsonString()}",
+                              file=sys.stderr)
+            if last is not None:
+                held[False].append(last)
+        return found
+
+    found = await asyncio.gather(*(timeouts(i) for i in ids))
+    names = (*KINDS.values(), "other", "activity_attempts_timed_out")
+    return {"runs": len(ids), **{name: sum(f.count(name) for f in found) for name in names},
+            "runs_with_a_lost_workflow_task": sum(1 for f in found if LOST in f),
+            "workflow_tasks_done": {"with_a_local_activity": spread(held[True]), "others": spread(held[False])}}
+
+
+def spread(held: list[float]) -> dict[str, Any]:
+    """How long tasks were held, hand-out to done."""
+    if not held:
+        return {"tasks": 0}
+    return {"tasks": len(held), "held_p99_s": round(percentile(held, 99), 3),
+            "held_p999_s": round(percentile(held, 99.9), 3), "held_max_s": round(max(held), 3)}
