@@ -24,14 +24,17 @@ BUSY = (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.DEADLINE_EXCEEDED, RPCSt
 
 # How long a runbook's workflow task may be out with a worker before the server gives it out again
 # (the SDK's default is 10 s; a worker that died holding one is also noticed this soon). A saturated
-# server sometimes records a task as handed out to a poll whose answer never reaches the worker
-# (bench/xid_latency counts them in every run's history: 13 to 46 of 1,110 runs, in a storm's ramp
-# and in a round of 50 new alerts); the run then sits idle this long before its next step, the
-# protective one if it was the first task. The tasks workers did finish were held at most 3.7 s
-# (12,791 tasks in bench/xid_latency's ramp of 1,000 runs) and 3.9 s (22,687 in bench/worker_scale,
-# 2,000 started together), and one running a local activity (the protective step) is kept alive by
-# the SDK past 80 % of this. The fleet guard keeps the default: its tasks take batches of requests.
-RUNBOOK_TASK_TIMEOUT = timedelta(seconds=5)
+# server now and then records a task as handed out to a poll that never gets it (its push of the
+# task to matching timed out meanwhile: 45 of 48 such runs in one bench/worker_scale have "Fail to
+# process task ... TransferWorkflowTask" in the server's log). bench/xid_latency and worker_scale
+# count them in every run's history: 12-67 per 1,000-2,000 runs started together. The run then
+# sits idle this long before its next step, the cordon if it was the first task. Workers held the
+# tasks they finished at most 5.6 s in those ramps (64 slots, WORKFLOW_TASK_SLOTS), and one running
+# a local activity (the protective step) is kept alive by the SDK past 80 % of this, 5.6 s. At 5 s
+# that came at 4 s, within a storm's protective steps, and the one 2,000-run measurement at 5 s had
+# 208 next steps wait out the sticky queue's 10 s (none at 7 or 10), which those extra round trips
+# would explain. The fleet guard keeps the default: its tasks take batches of requests.
+RUNBOOK_TASK_TIMEOUT = timedelta(seconds=7)
 
 
 async def start_or_attach(client: Client, workflow: str, arg: Any, *, workflow_id: str, task_queue: str,

@@ -201,11 +201,17 @@ WORKFLOW_POLLS = 32
 SHARED_QUEUE_POLLS = 0.5
 # Activity polls on the main queue (leases, drains, provider calls), fixed for the same reason.
 ACTIVITY_POLLS = 16
-# Workflow tasks a worker takes at once. They share its one interpreter: at the SDK's 100, 5,000
-# runs started together kept 100 in the worker, where each waited its turn, 2,759 of them past the
-# SDK's 5 s warning and some past their 10 s timeout, to be redone. Fewer at once wait in the
-# server instead, where none times out.
-WORKFLOW_TASK_SLOTS = 32
+# Workflow tasks a worker takes at once: twice its polls. A poll is sent only with a free slot, and a
+# new run's first task holds its slot through the protective step (a local activity: ~2 s in a
+# storm on this machine, the interpreter mostly idle meanwhile). At 32 slots for 32 polls, the first
+# tasks in their protective step left the shared queue without polls, and a storm's other first
+# tasks waited in the server for them: 50 at once, first task queued p99 5.5 s (1.3 s at 64), the
+# cordon p99 7.9-16.3 s (4.4 s). Tasks beyond that share the one interpreter: at the SDK's 100,
+# 5,000 runs started together kept 100 in the worker, 2,759 of them past the SDK's 5 s warning and
+# some past their 10 s timeout, to be redone; at 64, of 2,000 started together, the longest a task
+# was held was 5.6 s (bench/worker_scale's tally). What a run more at once costs in that ramp: more
+# tasks lost by the server (RUNBOOK_TASK_TIMEOUT), 48 of 2,000 runs against 12-16 at 32.
+WORKFLOW_TASK_SLOTS = 64
 
 
 def protective_pollers(settings: Settings) -> int:
