@@ -21,7 +21,8 @@ Cases:
   node's replacement).
 
 And, at the end, the tasks that timed out in all those runs' histories: a workflow task the server
-handed out that no worker ran is a run idle for the task's whole 10 s timeout.
+handed out that no worker ran is a run idle for the task's whole timeout (7 s for a runbook); and
+how long the workflow tasks that were done were held (bench/histories.py).
 
 The floor is measured in the same run on the same server: a trivial workflow with one activity,
 from the start request to the activity's side effect. Targets (DESIGN.md): p99 ≤ 2× the floor's
