@@ -33,11 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from activities.start import RUNBOOK_TASK_TIMEOUT
 from bench.histories import timed_out_tasks
-from bench.world import CLUSTER, QUEUE, BenchWorld, cpu_seconds, peak_rss_mib
-from fleetmedic.ids import node_workflow_id
-from fleetmedic.models import NodeRunbookInput
+from bench.world import CLUSTER, BenchWorld, cpu_seconds, peak_rss_mib, start_xid_runs
 
 WAITING = f'FleetCluster = "{CLUSTER}" AND FleetStep = "wait for node Ready"'
 CLOSED = f'FleetCluster = "{CLUSTER}" AND ExecutionStatus != "Running"'
@@ -58,11 +55,7 @@ async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
                           worker_env={"FLEETMEDIC_WORKER_MEMORY": worker_memory}) as world:
         worker_cpu, server_cpu = cpu_seconds(world.worker_pid()), cpu_seconds(world.temporal.pid)
         began = time.monotonic()
-        for start in range(0, runs, 200):
-            await asyncio.gather(*(world.client.start_workflow(
-                "xid-recovery", NodeRunbookInput(cluster=CLUSTER, node=n, gpu=0, xid=79),
-                id=node_workflow_id("xid-recovery", CLUSTER, n), task_queue=QUEUE, task_timeout=RUNBOOK_TASK_TIMEOUT)
-            for n in nodes[start:start + 200]))
+        await start_xid_runs(world.client, nodes, 200)
         waiting = 0
         while time.monotonic() - began < deadline_s:
             waiting = (await world.client.count_workflows(WAITING)).count

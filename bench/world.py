@@ -25,6 +25,7 @@ from kubernetes import watch
 from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client
 
+from activities.start import RUNBOOK_TASK_TIMEOUT
 from devstack import fleet
 from devstack.dev import DevOptions, connect_when_serving, start_temporal, stop_temporal
 from devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds, missing_binaries
@@ -32,6 +33,8 @@ from devstack.kube_world import RealKube
 from devstack.processes import FleetMedicProcess
 from devstack.slurm_cluster import LocalSlurmCluster, free_port
 from devstack.standins import ProviderStandIn
+from fleetmedic.ids import node_workflow_id
+from fleetmedic.models import NodeRunbookInput
 
 CLUSTER = "bench"
 QUEUE = "bench"
@@ -99,6 +102,16 @@ class Observed:
         missing = [n for n in nodes if n not in self.cordoned or n not in self.slurm_out()]
         raise SystemExit(json.dumps({"error": f"{len(missing)} node(s) never observed out of service within "
                                               f"{timeout_s:g} s", "nodes": missing[:10]}))
+
+
+async def start_xid_runs(client: Client, nodes: list[str], batch: int) -> None:
+    """An XID 79 run for each node, started directly (untimed), `batch` at a time, with the
+    workflow-task timeout the webhook gives every runbook."""
+    for start in range(0, len(nodes), batch):
+        await asyncio.gather(*(client.start_workflow(
+            "xid-recovery", NodeRunbookInput(cluster=CLUSTER, node=n, gpu=0, xid=79),
+            id=node_workflow_id("xid-recovery", CLUSTER, n), task_queue=QUEUE, task_timeout=RUNBOOK_TASK_TIMEOUT)
+            for n in nodes[start:start + batch]))
 
 
 def cpu_seconds(pid: int) -> float:

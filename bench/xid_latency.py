@@ -55,12 +55,10 @@ from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from activities.start import RUNBOOK_TASK_TIMEOUT
 from bench.histories import timed_out_tasks
 from bench.stats import percentile
-from bench.world import CLUSTER, QUEUE, BenchWorld, cpu_seconds
+from bench.world import CLUSTER, BenchWorld, cpu_seconds, start_xid_runs
 from fleetmedic.ids import node_workflow_id
-from fleetmedic.models import NodeRunbookInput
 from workers.audit import local_activity
 from workers.worker import SHARED_QUEUE_POLLS, WORKFLOW_POLLS
 
@@ -253,11 +251,7 @@ async def in_flight(client: Client, count: int, nodes: list[str]) -> float:
     query = f'FleetCluster = "{CLUSTER}" AND {WAITING}'
     already = (await client.count_workflows(query)).count
     began = time.monotonic()
-    for start in range(0, count, 100):
-        await asyncio.gather(*(client.start_workflow(
-            "xid-recovery", NodeRunbookInput(cluster=CLUSTER, node=n, gpu=0, xid=79),
-            id=node_workflow_id("xid-recovery", CLUSTER, n), task_queue=QUEUE, task_timeout=RUNBOOK_TASK_TIMEOUT)
-            for n in nodes[start:start + 100]))
+    await start_xid_runs(client, nodes[:count], 100)
     while (await client.count_workflows(query)).count < already + count:
         if time.monotonic() - began > 1800:
             raise SystemExit(json.dumps({"error": f"{count} runs did not all reach 'wait for node Ready' in 30 min"}))
