@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections import Counter
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType, TimeoutType
@@ -20,14 +21,26 @@ KINDS = {TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE: LOST,
          TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START: "sticky_tasks_not_picked_up"}
 
 
+ACTIVITY_TIMED_OUT = "activity_attempts_timed_out"
+
+
 def timeout_kind(event: HistoryEvent) -> str | None:
     if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
         return KINDS.get(event.workflow_task_timed_out_event_attributes.timeout_type, "other")
     started = event.activity_task_started_event_attributes
     if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED and started.attempt > 1 \
             and started.last_failure.HasField("timeout_failure_info"):
-        return "activity_attempts_timed_out"
+        return ACTIVITY_TIMED_OUT
     return None
+
+
+def activity_timeout(event: HistoryEvent, scheduled: dict[int, str]) -> str:
+    """`<activity type>: <timeout>` of an activity attempt that timed out (its retry's started event
+    carries the failure): which calls a storm makes late, and how (start-to-close: the call ran too
+    long or its result came too late; heartbeat: a wait that went quiet)."""
+    started = event.activity_task_started_event_attributes
+    timeout = TimeoutType.Name(started.last_failure.timeout_failure_info.timeout_type)
+    return f"{scheduled.get(started.scheduled_event_id, '?')}: {timeout.removeprefix('TIMEOUT_TYPE_').lower()}"
 
 
 async def timed_out_tasks(client: Client, query: str) -> dict[str, Any]:
@@ -45,15 +58,19 @@ async def timed_out_tasks(client: Client, query: str) -> dict[str, Any]:
     # 80 % of the timeout, and the others, which must be done within it (a task kept alive that way
     # is done at 80 % without its local activity's marker, and counts among the others).
     held: dict[bool, list[float]] = {True: [], False: []}
+    activities: Counter[str] = Counter()
 
     async def timeouts(workflow_id: str) -> list[str]:
         handed_out: dict[int, float] = {}
+        scheduled: dict[int, str] = {}  # activity scheduled event id -> its type
         found: list[str] = []
         last: float | None = None  # the last task done, until its commands show whether it ran one
         async with gate:
             async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
                 at = event.event_time.ToDatetime().timestamp()
-                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                    scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+                elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
                     handed_out[event.event_id] = at
                 elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
                     if last is not None:
@@ -65,6 +82,8 @@ async def timed_out_tasks(client: Client, query: str) -> dict[str, Any]:
                     last = None
                 elif kind := timeout_kind(event):
                     found.append(kind)
+                    if kind == ACTIVITY_TIMED_OUT:
+                        activities[activity_timeout(event, scheduled)] += 1
                     if kind == LOST:  # to set beside the server's log, which names the run
                         print(f"lost workflow task: {workflow_id}, timed out at {event.event_time.ToJsonString()}",
                               file=sys.stderr)
@@ -73,8 +92,9 @@ async def timed_out_tasks(client: Client, query: str) -> dict[str, Any]:
         return found
 
     found = await asyncio.gather(*(timeouts(i) for i in ids))
-    names = (*KINDS.values(), "other", "activity_attempts_timed_out")
+    names = (*KINDS.values(), "other", ACTIVITY_TIMED_OUT)
     return {"runs": len(ids), **{name: sum(f.count(name) for f in found) for name in names},
+            "activity_attempts_timed_out_by_type": dict(activities.most_common()),
             "runs_with_a_lost_workflow_task": sum(1 for f in found if LOST in f),
             "workflow_tasks_done": {"with_a_local_activity": spread(held[True]), "others": spread(held[False])}}
 
