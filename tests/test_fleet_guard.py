@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -562,6 +563,26 @@ async def test_a_shared_workflow_that_cannot_take_a_signal_fails_the_attempt_in_
                "kueue-quota-sync": "kueue-quota-sync/test did not take the sync"}[shared]
     assert err.message.startswith(f"{refused} (UNAVAILABLE: "), err
     assert "\n" not in err.message
+
+
+async def test_a_signal_to_the_guard_gives_up_within_its_attempt(client: Client) -> None:
+    """The signal's deadline is its activity attempt's start-to-close, less time to report back, not
+    the client's own 30 s: the attempt fails with the reason (here the server answers nothing), which
+    the history keeps and an escalation shows, instead of timing out with its call still running."""
+    relay = Relay(client)
+    through = await relay.client()
+    relay.stalled = True
+    environment = ActivityEnvironment()
+    environment.info = dataclasses.replace(environment.info, start_to_close_timeout=timedelta(seconds=4),
+                                           started_time=datetime.now(UTC))
+    request = LeaseRequest(workflow_id="xid-recovery/test/gpu-node-0", node="gpu-node-0")
+    try:
+        with pytest.raises(ApplicationError) as caught:  # not the TimeoutError of a call still waiting
+            await asyncio.wait_for(environment.run(GuardActivities(through, "nowhere").request_lease, "test", request),
+                                   timeout=20)
+    finally:
+        relay.cut()
+    assert caught.value.type == "Unavailable" and not caught.value.non_retryable
 
 
 async def test_a_server_too_loaded_to_answer_in_time_fails_the_attempt_in_one_line(client: Client) -> None:
