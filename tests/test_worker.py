@@ -7,11 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from devstack.slurm_cluster import free_port
@@ -112,14 +114,21 @@ async def test_the_worker_rides_out_a_temporal_outage_and_polls_again(tmp_path: 
 
     async def worker_answers(run: str) -> str:
         """A new run's first step, as the worker reports it: only a polling worker runs it and
-        answers the query (the run is then stopped: this test has no Kubernetes to finish it)."""
+        answers the query (the run is then stopped: this test has no Kubernetes to finish it).
+        Asked again while nobody answers: after the outage the worker's polls come back at their
+        own pace (once more than a query's 30 s on CI); the caller's deadline bounds the wait."""
         client = await healthy()
         handle = await client.start_workflow(
             "xid-recovery", {"cluster": "default", "node": "gpu-1", "xid": 79}, id=f"xid-recovery/default/{run}",
             task_queue="fleetmedic", result_type=RunbookStatus)
         try:
-            status = await handle.query("status", result_type=RunbookStatus)
-            return status.step
+            while True:
+                try:
+                    status = await handle.query("status", result_type=RunbookStatus, rpc_timeout=timedelta(seconds=15))
+                    return status.step
+                except RPCError as err:
+                    if err.status not in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
+                        raise
         finally:
             await handle.terminate("test over")
 
