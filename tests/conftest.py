@@ -37,6 +37,9 @@ from fleetmedic.ids import SEARCH_ATTRIBUTES
 from tests import rbac
 from tests.runbook_stack import Stack
 
+# tests.watchdog ends a test that hangs, saying where; pytester runs the watchdog's own test.
+pytest_plugins = ["tests.watchdog", "pytester"]
+
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 

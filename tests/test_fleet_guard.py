@@ -8,6 +8,7 @@ import dataclasses
 import json
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -100,21 +101,33 @@ class LeaseHolder:
 
 
 async def guard_state(client: Client, cluster: str) -> GuardState:
-    for _ in range(100):  # the first lease request creates the guard
+    """The guard's state, asked until it answers (the first lease request creates the guard). Each
+    query has 20 s, not the client's 30, and all of them 120 s: a failing query asked a hundred
+    times at the client's deadline could hold a test for 50 minutes."""
+    handle, deadline = client.get_workflow_handle(guard_workflow_id(cluster)), time.monotonic() + 120
+    while True:
         try:
-            return await client.get_workflow_handle(guard_workflow_id(cluster)).query("state", result_type=GuardState)
-        except RPCError:
+            return await handle.query("state", result_type=GuardState, rpc_timeout=timedelta(seconds=20))
+        except RPCError as exc:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the fleet guard did not answer a query in 120 s: {exc}") from None
             await asyncio.sleep(0.1)
-    raise AssertionError("the fleet guard never started")
+
+
+async def guard_when(client: Client, cluster: str, ready: Callable[[GuardState], bool], what: str,
+                     timeout: float = 120) -> GuardState:
+    """The guard's state once `ready`: bounded, so a hang fails here saying what it waited for and
+    what the guard had."""
+    deadline = time.monotonic() + timeout
+    while not ready(state := await guard_state(client, cluster)):
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}; the guard has {state}"
+        await asyncio.sleep(0.2)
+    return state
 
 
 async def guard_counts(client: Client, cluster: str, count: int, field: str, what: str) -> None:
-    """Until the guard's `field` (holders, queue) has `count` entries: bounded, so a hang fails here
-    saying how far it got."""
-    deadline = asyncio.get_running_loop().time() + 120
-    while len(got := getattr(await guard_state(client, cluster), field)) < count:
-        assert asyncio.get_running_loop().time() < deadline, f"{len(got)} of {count} {what} after 120 s"
-        await asyncio.sleep(0.2)
+    """Until the guard's `field` (holders, queue) has `count` entries."""
+    await guard_when(client, cluster, lambda s: len(getattr(s, field)) >= count, f"{count} {what}")
 
 
 async def replay_guard_runs(client: Client, cluster: str) -> int:
@@ -154,9 +167,7 @@ async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue:
                     id=node_workflow_id("xid-recovery", cluster, node), task_queue=task_queue,
                     result_type=RunbookStatus))
             # Let the guard work, then restart the worker while leases are held and runbooks wait.
-            while (await guard_state(client, cluster)).grants < 8:
-                await asyncio.sleep(0.2)
-            state = await guard_state(client, cluster)
+            state = await guard_when(client, cluster, lambda s: s.grants >= 8, "8 grants", timeout=300)
             assert state.queue, "runbooks should be waiting for the budget"
             waiting = next(h for h in handles if h.id == state.queue[-1].workflow_id)
             # The guard's answer reaches the run a signal after the guard queued it.
@@ -294,8 +305,7 @@ async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Clie
         first = await client.start_workflow(
             "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-1", gpu=0, xid=79),
             id=node_workflow_id("xid-recovery", cluster, "gpu-1"), task_queue=task_queue, result_type=RunbookStatus)
-        while (await first.query("status", result_type=RunbookStatus)).step != "wait for node Ready":
-            await asyncio.sleep(0.2)
+        await status_when(first, lambda s: s.step == "wait for node Ready", timeout=120)
         await guard.signal("pause", Operator(by="dana", reason="change freeze"))
         second = await client.start_workflow(
             "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-2", gpu=0, xid=79),
@@ -374,13 +384,12 @@ async def test_the_lease_of_a_closed_runbook_is_reclaimed(client: Client, task_q
         holder = await client.start_workflow(
             "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-1", gpu=0, xid=79),
             id=node_workflow_id("xid-recovery", cluster, "gpu-1"), task_queue=task_queue)
-        while [h.workflow_id for h in (await guard_state(client, cluster)).holders] != [holder.id]:
-            await asyncio.sleep(0.2)
+        await guard_when(client, cluster, lambda s: [h.workflow_id for h in s.holders] == [holder.id],
+                         "the first run holds the lease")
         waiter = await client.start_workflow(
             "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-2", gpu=0, xid=79),
             id=node_workflow_id("xid-recovery", cluster, "gpu-2"), task_queue=task_queue, result_type=RunbookStatus)
-        while not (await guard_state(client, cluster)).queue:
-            await asyncio.sleep(0.2)
+        await guard_when(client, cluster, lambda s: bool(s.queue), "the second run in line")
         await shows_first_in_line(client, waiter.id)
         await holder.terminate("the worker's host died and an operator cleaned up")
         for _ in range(100):
@@ -407,10 +416,8 @@ async def test_an_unreadable_fleet_grants_no_lease_and_says_so_then_recovers(
         run = await client.start_workflow(
             "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-1", gpu=0, xid=79),
             id=node_workflow_id("xid-recovery", cluster, "gpu-1"), task_queue=task_queue, result_type=RunbookStatus)
-        deadline = asyncio.get_running_loop().time() + 60
-        while (state := await guard_state(client, cluster)).capacity_unknown is None:
-            assert asyncio.get_running_loop().time() < deadline, "the guard never said it cannot count the fleet"
-            await asyncio.sleep(0.3)
+        state = await guard_when(client, cluster, lambda s: s.capacity_unknown is not None,
+                                 "the guard says it cannot count the fleet", timeout=60)
         assert "cannot count GPU nodes" in state.capacity_unknown and state.holders == []
         status = await run.query("status", result_type=RunbookStatus)
         assert status.step == "take disruption lease"
@@ -466,8 +473,7 @@ async def test_a_lease_that_never_comes_escalates(client: Client, task_queue: st
         holder = await client.start_workflow(  # holds the only lease: its node never comes back
             "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-1", gpu=0, xid=79),
             id=node_workflow_id("xid-recovery", cluster, "gpu-1"), task_queue=task_queue)
-        while not (await guard_state(client, cluster)).holders:
-            await asyncio.sleep(0.2)
+        await guard_when(client, cluster, lambda s: bool(s.holders), "the first run holds the lease")
         waiter = await client.start_workflow(
             "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-2", gpu=0, xid=79),
             id=node_workflow_id("xid-recovery", cluster, "gpu-2"), task_queue=task_queue, result_type=RunbookStatus)
