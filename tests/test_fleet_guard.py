@@ -392,12 +392,9 @@ async def test_the_lease_of_a_closed_runbook_is_reclaimed(client: Client, task_q
         await guard_when(client, cluster, lambda s: bool(s.queue), "the second run in line")
         await shows_first_in_line(client, waiter.id)
         await holder.terminate("the worker's host died and an operator cleaned up")
-        for _ in range(100):
-            state = await guard_state(client, cluster)
-            if [h.workflow_id for h in state.holders] == [waiter.id]:
-                break
-            await asyncio.sleep(0.2)
-        assert [h.workflow_id for h in state.holders] == [waiter.id]  # reclaimed, and granted to the next
+        # Reclaimed, and granted to the next.
+        await guard_when(client, cluster, lambda s: [h.workflow_id for h in s.holders] == [waiter.id],
+                         "the closed run's lease reclaimed and granted to the second", timeout=20)
         await waiter.terminate("test over")
 
 
@@ -444,11 +441,8 @@ async def test_the_domain_limit_counts_nodes_already_down_in_the_domain(
             await client.start_workflow(
                 "xid-recovery", NodeRunbookInput(cluster=cluster, node=node, gpu=0, xid=79),
                 id=node_workflow_id("xid-recovery", cluster, node), task_queue=task_queue)
-        for _ in range(150):
-            state = await guard_state(client, cluster)
-            if len(state.holders) == 2 and state.queue:
-                break
-            await asyncio.sleep(0.2)
+        state = await guard_when(client, cluster, lambda s: len(s.holders) == 2 and bool(s.queue),
+                                 "two leases held and a run in line", timeout=30)
         # One of zone-a's two runs holds a lease (whichever asked first), the other waits; zone-b's runs.
         held, waiting = sorted(h.node for h in state.holders), [q.node for q in state.queue]
         assert len(held) == 2 and "gpu-6" in held and len(waiting) == 1, state
