@@ -6,7 +6,10 @@ resumed for the burn-in, and the node is DRAINed again (and the reservation remo
 activity returns, pass or fail — the runbook alone decides whether it goes back to service.
 
 A run that lets go of the burn-in (an abort) cancels the activity, and the job with it (`scancel`),
-heard at the activity's next heartbeat.
+heard at the activity's next heartbeat. A worker that dies mid burn-in (a rollout's kill, a lost
+node) leaves the node resumed inside its reservation: the next attempt finds the reservation, the
+job (by the heartbeat, else by its name) and the reason the run held the node for (the heartbeat),
+and follows that job instead of refusing a node that no longer reads as FleetMedic's.
 
 Pass: the job ends COMPLETED with exit code 0 and, when the policy sets `pass_pattern`, its
 output matches it. Slurm's exit code 0 alone is not trusted where a tool prints its verdict.
@@ -54,17 +57,21 @@ class BurnInActivities:
             return BurnInResult(passed=True, detail=f"would run the burn-in on {request.node} "
                                                     f"(reservation {reservation_name(request.node)})")
         node = self.slurm.get_node(request.node)
-        if not node.reason.startswith(REASON_PREFIX):
+        before = self._before()
+        if node.reason.startswith(REASON_PREFIX):
+            held_for = node.reason
+        elif self._reserved(request):  # an attempt cut short resumed it for its job: ours still
+            held_for = before.get("held_for") or f"{REASON_PREFIX} burn-in {request.run_id} (its attempt was cut short)"
+        else:
             raise fail(ErrorKind.NOT_OWNED, f"Slurm node {request.node} is not held by FleetMedic "
                                             f"('{node.reason}'): no burn-in there")
-        held_for = node.reason
         self._reserve(request)
         try:
             if node.out_of_service:
                 self.cli.run("scontrol", "update", f"nodename={request.node}", "state=RESUME")
-            job_id = self._job(request)
+            job_id = self._job(request, before)
             try:
-                return self._wait(request, job_id)
+                return self._wait(request, job_id, held_for)
             except CancelledError:
                 # The run let go of the burn-in (an operator's abort, or the run is gone): the job
                 # must not go on testing a node nobody waits for. A worker shutting down leaves it
@@ -77,20 +84,32 @@ class BurnInActivities:
             self.cli.run("scontrol", "update", f"nodename={request.node}", "state=DRAIN", f"reason={held_for}")
             self.cli.run("scontrol", "delete", f"reservation={reservation_name(request.node)}")
 
+    @staticmethod
+    def _before() -> dict[str, Any]:
+        """What a previous attempt said in its last heartbeat (its job, the node's reason)."""
+        details = activity.info().heartbeat_details if activity.in_activity() else ()
+        return details[0] if details and isinstance(details[0], dict) else {}
+
+    def _reserved(self, request: BurnIn) -> bool:
+        shown = self.cli.run("scontrol", "show", "reservation", "-o")
+        return f"ReservationName={reservation_name(request.node)} " in shown
+
     def _reserve(self, request: BurnIn) -> None:
         name = reservation_name(request.node)
-        shown = self.cli.run("scontrol", "show", "reservation", "-o")
-        if f"ReservationName={name} " in shown:
+        if self._reserved(request):
             return
         minutes = max(int(request.deadline_s // 60) + 5, 10)
         self.cli.run("scontrol", "create", f"reservation={name}", f"nodes={request.node}",
                      f"users={getpass.getuser()}", "starttime=now", f"duration={minutes}", "flags=maint,ignore_jobs")
 
-    def _job(self, request: BurnIn) -> int:
-        """This run's burn-in job: the one a previous attempt submitted (heartbeat), else a new one."""
-        details = activity.info().heartbeat_details if activity.in_activity() else ()
-        if details and isinstance(details[0], dict) and details[0].get("job_id"):
-            return int(details[0]["job_id"])
+    def _job(self, request: BurnIn, before: dict[str, Any]) -> int:
+        """This run's burn-in job: the one a previous attempt submitted (its heartbeat, or its name
+        when it died before its first heartbeat), else a new one."""
+        if before.get("job_id"):
+            return int(before["job_id"])
+        named = self.cli.run("squeue", "-h", "-t", "all", "-n", job_name(request), "-o", "%i").split()
+        if named:
+            return int(named[0])
         out = Path(request.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         script = out / f"{job_name(request)}.sh"
@@ -104,14 +123,14 @@ class BurnInActivities:
             f"--output={out / job_name(request)}.out", str(script))
         return int(submitted.strip().split(";")[0])
 
-    def _wait(self, request: BurnIn, job_id: int) -> BurnInResult:
+    def _wait(self, request: BurnIn, job_id: int, held_for: str) -> BurnInResult:
         deadline = time.monotonic() + request.deadline_s
         fields: dict[str, str] = {}
         while time.monotonic() < deadline:
             fields = self._show(job_id)
             if fields.get("JobState") in ENDED:
                 break
-            activity.heartbeat({"job_id": job_id, "state": fields.get("JobState", "")})
+            activity.heartbeat({"job_id": job_id, "state": fields.get("JobState", ""), "held_for": held_for})
             time.sleep(POLL_S)
         else:
             self.cli.run("scancel", str(job_id))

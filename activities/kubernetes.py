@@ -250,7 +250,7 @@ class KubernetesActivities:
         """Until the node is Ready again after `since`; None at the timeout. No thread and no
         connection of its own: the worker's one node watch (activities/node_watch.py) wakes it.
 
-        One call spans the run's deadline (runs recorded before called it again every 5 minutes), so
+        One call spans the run's deadline, so
         a 30-minute wait costs a handful of history events and the heartbeats; an abort cancels it.
         """
         def back(info: NodeInfo | None) -> NodeInfo | None:  # None: a replacement has not registered yet

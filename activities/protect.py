@@ -12,8 +12,7 @@ answers one request at a time, and 50 nodes failing together would otherwise que
 
 One activity for read and write. Runbooks run it as a local activity inside their workflow task,
 on the worker that holds the run: no round trip through the server, no task queue to wait in.
-Runs recorded before that run it on its own task queue (`RunContext.protective_queue`), which
-every worker still serves. Either way it runs on threads of its own (`slots` of them, and twice
+It runs on threads of its own (`slots` of them, and twice
 that for the calls it makes side by side), never the worker's activity pool: no backlog of
 drains, evictions or watches can hold a new alert's cordon up.
 """

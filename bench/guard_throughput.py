@@ -1,7 +1,7 @@
 """Benchmark: the fleet guard's lease round trips per second, and the wait it adds uncontended.
 
 Real Temporal dev server, the guard workflow and its activities on an in-process worker, the
-Kubernetes emulator with 1,000 GPU nodes for its capacity count. A probe workflow does what a
+real control plane with 1,000 kwok GPU nodes for its capacity count. A probe workflow does what a
 runbook does: ask for a lease, wait for the grant signal, release it.
 
     python bench/guard_throughput.py [--probes 200] [--concurrent 20]
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.stats import percentile
 from devstack import fleet
 from devstack.dev import temporal_binary
-from devstack.kube_emulator import KubeEmulatorThread
+from devstack.kube_world import local_kube
 from fleetmedic.converter import data_converter
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from fleetmedic.models import LeaseAnswer, LeaseRequest
@@ -83,9 +83,9 @@ async def main(count: int, concurrent: int) -> dict[str, object]:
                                                 data_converter=data_converter,
                                                 search_attributes=SEARCH_ATTRIBUTES, dev_server_log_level="error")
     try:
-        with KubeEmulatorThread() as kube:
+        with local_kube(workdir) as kube:
             for i in range(1000):
-                kube.emulator.put(fleet.node(f"gpu-{i:04d}"))
+                kube.put(fleet.node(f"gpu-{i:04d}"))
             policy = parse_policy(yaml.safe_dump({"budget": {"max_concurrent": 1000, "max_unavailable_fraction": 1.0,
                                                              "max_per_hour": 40000, "topology_label": None}}))
             settings = Settings(kubeconfig=str(kube.write_kubeconfig(workdir / "kubeconfig")), slurm="off",

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from devstack.kube_emulator import KubeEmulatorThread
+from devstack.kube_world import RealKube
 from devstack.standins import ProviderStandIn
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ def set_ready(kube: Any, node: str, ready: bool) -> None:
     if hasattr(kube, "set_ready"):  # the real control plane: kwok flips it, as a kubelet would
         kube.set_ready(node, ready)
         return
-    obj = kube.emulator.get("v1", "Node", node)
+    obj = kube.get("v1", "Node", node)
     if obj is None:
         raise KeyError(f"node {node} does not exist")
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -29,7 +29,7 @@ def set_ready(kube: Any, node: str, ready: bool) -> None:
         if condition["type"] == "Ready":
             condition["status"] = "True" if ready else "False"
             condition["lastTransitionTime"] = now
-    kube.emulator.put(obj)
+    kube.put(obj)
 
 
 @contextmanager
@@ -52,7 +52,7 @@ def every(interval_s: float, step: Callable[[], None], name: str) -> Iterator[No
 
 
 @contextmanager
-def provider_controller(kube: KubeEmulatorThread | RealKube, provider: ProviderStandIn,
+def provider_controller(kube: RealKube | RealKube, provider: ProviderStandIn,
                         delay_s: float = 1.0, on_replaced: Callable[[str], None] | None = None) -> Iterator[list[str]]:
     """Play the node provider: each accepted request takes its node NotReady, then Ready again
     `delay_s` later (a new machine, or the same one rebooted, rejoining under the same name).

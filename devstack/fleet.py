@@ -69,32 +69,32 @@ def pdb(name: str, *, match_labels: dict[str, str], namespace: str = "default",
 def machine(name: str, *, namespace: str = "default", cluster: str = "gpu-cluster",
             node: str | None = None, machine_set: dict[str, Any] | None = None,
             finalizer: bool = False) -> dict[str, Any]:
-    """A Cluster API Machine as its CRD validates it (bootstrap and infrastructure references);
+    """A Cluster API Machine as its v1beta2 CRD validates it (bootstrap and infrastructure references);
     owned by `machine_set` (as stored, with its uid) when given; with the finalizer Cluster API puts
     when a controller is there to remove it."""
     labels = {"cluster.x-k8s.io/cluster-name": cluster}
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
     if machine_set is not None:
         labels["cluster.x-k8s.io/set-name"] = machine_set["metadata"]["name"]
-        meta["ownerReferences"] = [{"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineSet",
+        meta["ownerReferences"] = [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
                                     "name": machine_set["metadata"]["name"], "uid": machine_set["metadata"]["uid"],
                                     "controller": True}]
     if finalizer:
         meta["finalizers"] = ["machine.cluster.x-k8s.io"]
     obj: dict[str, Any] = {
-        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine", "metadata": meta,
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "metadata": meta,
         "spec": {"clusterName": cluster, "bootstrap": {"dataSecretName": f"{name}-bootstrap"},
-                 "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
-                                       "kind": "GPUMachine", "name": name, "namespace": namespace}}}
+                 "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "GPUMachine",
+                                       "name": name}}}
     if node:
-        obj["status"] = {"nodeRef": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        obj["status"] = {"nodeRef": {"name": node}}
     return obj
 
 
 def machine_set(name: str, *, namespace: str = "default", cluster: str = "gpu-cluster",
                 replicas: int = 1) -> dict[str, Any]:
     template = machine(f"{name}-template", namespace=namespace, cluster=cluster)
-    return {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineSet",
+    return {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
             "metadata": {"name": name, "namespace": namespace, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
             "spec": {"clusterName": cluster, "replicas": replicas,
                      "selector": {"matchLabels": {"cluster.x-k8s.io/set-name": name}},
@@ -116,7 +116,7 @@ def machine_health_check(name: str, *, namespace: str = "default", cluster: str 
 
 
 def capi_cluster(name: str = "gpu-cluster", *, namespace: str = "default", paused: bool = False) -> dict[str, Any]:
-    return {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+    return {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
             "metadata": {"name": name, "namespace": namespace}, "spec": {"paused": paused}}
 
 

@@ -1,11 +1,11 @@
 """What tests (and `fleetmedic dev`) do to the real control plane: put and read objects as a
 controller would, make a node NotReady, and read back what FleetMedic's identities sent.
 
-`RealKube` answers the same calls as the emulator (`put`, `get`, `list`, `remove`, `inject`,
-`requests`, `mutations`) so a test reads the same against either; `kube.emulator` is the object
-itself. What differs is the world behind it: objects are validated and defaulted, status belongs to
-its controllers (kwok for nodes and pods, the disruption controller for PDBs), evicted pods take
-their grace period to go, and FleetMedic's requests are judged by RBAC and read from the audit log.
+`RealKube` puts and reads objects (`put`, `get`, `list`, `remove`), injects faults through the
+proxy (`inject`) and reads what FleetMedic sent from the audit log (`requests`, `mutations`).
+Objects are validated and defaulted, status belongs to its controllers (kwok for nodes and pods,
+the disruption controller for PDBs), evicted pods take their grace period to go, and
+FleetMedic's requests are judged by RBAC and read from the audit log.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import builtins
 import copy
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +28,7 @@ from kubernetes import config as k8s_config
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
 
-from devstack.kube_cluster import NOT_READY_ANNOTATION, LocalKubeCluster
+from devstack.kube_cluster import NOT_READY_ANNOTATION, LocalKubeCluster, install_rbac_and_crds
 from devstack.kube_faults import FaultProxy
 
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "fleetmedic"})
@@ -53,7 +55,7 @@ class _Url:
 
 @dataclass
 class AuditedRequest:
-    """One request as the apiserver's audit log saw it, shaped like the emulator's records."""
+    """One request as the apiserver's audit log saw it."""
 
     method: _Method
     url: _Url
@@ -65,12 +67,20 @@ class AuditedRequest:
     event: dict[str, Any] = field(repr=False)
 
 
+@contextmanager
+def local_kube(workdir: Path) -> Iterator[RealKube]:
+    """A control plane of its own in `workdir` (benchmarks): started, its roles and CRDs installed,
+    stopped on the way out."""
+    with LocalKubeCluster(workdir / "kube") as cluster:
+        install_rbac_and_crds(cluster)
+        yield RealKube(cluster, None, workdir)
+
+
 class RealKube:
     def __init__(self, cluster: LocalKubeCluster, proxy: FaultProxy | None, workdir: Path,
                  identity: str = "worker") -> None:
         self.cluster = cluster
         self.proxy = proxy
-        self.emulator = self  # the emulator's API, so tests read the same against either
         self.api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig("admin")))
         self.dynamic = DynamicClient(self.api)
         self.audit_offset = cluster.audit_log.stat().st_size if cluster.audit_log.exists() else 0
@@ -137,8 +147,8 @@ class RealKube:
         return stored
 
     def _settle(self, api_version: str, kind: str, name: str, namespace: str | None, timeout: float = 15) -> None:
-        """Wait until the controllers have acted on a new object, as the emulator's objects are at
-        once: a pod runs (kwok), a PDB's allowance is computed (the disruption controller). A test
+        """Wait until the controllers have acted on a new object, so a test starts from a settled
+        world: a pod runs (kwok), a PDB's allowance is computed (the disruption controller). A test
         that wants the in-between states creates objects through the API itself."""
         if kind not in ("Pod", "PodDisruptionBudget"):
             return

@@ -12,17 +12,23 @@ from pathlib import Path
 
 
 class FleetMedicProcess:
-    """`fleetmedic <args>` with `env`, its output appended to `log`."""
+    """`fleetmedic <args>` with `env`, its output appended to `log`. `python`: another install's
+    interpreter (a previous release's virtualenv, for the upgrade test), started with `-P` in `cwd`
+    so that nothing of this checkout is imported by accident; this one's by default."""
 
-    def __init__(self, args: Sequence[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, args: Sequence[str], env: dict[str, str], log: Path, python: str | None = None,
+                 cwd: Path | None = None) -> None:
         self.args, self.env, self.log = list(args), env, log
+        self.python, self.cwd = python or sys.executable, cwd
         self.proc: subprocess.Popen[bytes] | None = None
         self.kills = 0
 
     def start(self) -> None:
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "workers.cli", *self.args], env=self.env,
-                                         stdout=out, stderr=subprocess.STDOUT)
+            # -P: the working directory is not put on the path (`-m` would put it first).
+            isolated = ["-P"] if self.python != sys.executable else []
+            self.proc = subprocess.Popen([self.python, *isolated, "-m", "workers.cli", *self.args], env=self.env,
+                                         stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd)
 
     def kill(self) -> None:
         """SIGKILL, as a node losing power would."""

@@ -164,7 +164,7 @@ def _labels_of(old_node: dict[str, Any] | None) -> dict[str, str]:
 
 
 class ClusterApiController(_Controller):
-    group, version, plural, finalizer = "cluster.x-k8s.io", "v1beta1", "machines", "machine.cluster.x-k8s.io"
+    group, version, plural, finalizer = "cluster.x-k8s.io", "v1beta2", "machines", "machine.cluster.x-k8s.io"
 
     def node_of(self, obj: dict[str, Any]) -> str | None:
         return ((obj.get("status") or {}).get("nodeRef") or {}).get("name")
@@ -179,7 +179,7 @@ class ClusterApiController(_Controller):
         return made
 
     def node_status(self, node: str) -> dict[str, Any]:
-        return {"nodeRef": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        return {"nodeRef": {"name": node}}  # v1beta2: a MachineNodeReference
 
     def node_for(self, old_node: dict[str, Any] | None, obj: dict[str, Any], name: str) -> dict[str, Any]:
         meta = obj["metadata"]

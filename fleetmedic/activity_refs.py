@@ -83,7 +83,7 @@ NoArgs = tuple[()]
 CONFIG_POLICY: Activity[NoArgs, Policy] = Activity("config.policy", (), Policy)
 CONFIG_CONTEXT: Activity[NoArgs, RunContext] = Activity("config.context", (), RunContext)
 
-# --- the protective step (its own task queue: RunContext.protective_queue) -------------------------
+# --- the protective step (a local activity in the run's workflow task) ---------------------------
 PROTECT_NODE: Activity[ProtectRequest, Protection] = Activity("protect.node", (ProtectRequest,), Protection)
 
 # --- Kubernetes ------------------------------------------------------------------------------------

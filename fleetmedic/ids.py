@@ -57,11 +57,6 @@ def run_summary(runbook: str, cluster: str, node: str = "", xid: int | None = No
     return f"{runbook} {where}" + (f" ({facts})" if facts else "") + (f" — {why}" if why else "")
 
 
-def protective_queue(task_queue: str) -> str:
-    """The protective step's queue beside a worker's task queue (its own slots on every worker)."""
-    return f"{task_queue}-protective"
-
-
 def guard_queue(task_queue: str) -> str:
     """The fleet guards' queue beside a worker's task queue: every run's lease goes through its
     cluster's guard, so the guard's steps never wait behind the runs' own."""

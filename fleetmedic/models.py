@@ -493,9 +493,6 @@ class RunContext(_Model):
     agent_configured: bool
     provider: str
     provider_supports: list[str] = Field(default_factory=list)
-    # The task queue of the protective step (cordon + Slurm DRAIN) on every worker: its own slots,
-    # so no backlog of other activities delays a new alert's cordon. None: the run's own queue.
-    protective_queue: str | None = None
     # The task queue of long waits (a node coming back): async activities that hold no thread, with
     # slots of their own, so a thousand waiting runs never take the slots other steps need.
     wait_queue: str | None = None

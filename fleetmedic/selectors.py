@@ -1,9 +1,8 @@
-"""Kubernetes label-selector grammar (pure), shared by the eviction activity and the emulator."""
+"""Kubernetes label-selector grammar (pure), used by the eviction activity."""
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 _SET_EXPR = re.compile(r"^\s*([\w./-]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
 
@@ -46,26 +45,6 @@ def label_selector_matches(selector: str | None, labels: dict[str, str]) -> bool
             if term[1:].strip() in labels:
                 return False
         elif term not in labels:
-            return False
-    return True
-
-
-def match_labels_selector(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
-    """A metav1.LabelSelector (matchLabels + matchExpressions)."""
-    if selector is None:
-        return False
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr["key"], expr["operator"], set(expr.get("values") or [])
-        if op == "In" and labels.get(key) not in values:
-            return False
-        if op == "NotIn" and labels.get(key) in values:
-            return False
-        if op == "Exists" and key not in labels:
-            return False
-        if op == "DoesNotExist" and key in labels:
             return False
     return True
 

@@ -27,7 +27,6 @@ from devstack import fleet
 from devstack.kube_cluster import BUILD_HINT as KUBE_BUILD_HINT
 from devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds
 from devstack.kube_cluster import missing_binaries as missing_kube
-from devstack.kube_emulator import KubeEmulator, KubeEmulatorThread, seed
 from devstack.kube_faults import FaultProxy
 from devstack.kube_world import RealKube
 from devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
@@ -129,17 +128,6 @@ def kube(kube_cluster: LocalKubeCluster, kube_proxy: FaultProxy, tmp_path: Path,
             pytest.fail(f"RBAC refused FleetMedic's requests: {forbidden}")
 
 
-@pytest.fixture
-def kube_emulator(tmp_path: Path) -> Iterator[KubeEmulatorThread]:
-    """The project's own emulator, for its own tests and `fleetmedic dev`'s fallback only."""
-    thread = KubeEmulatorThread(KubeEmulator()).start()
-    thread.kubeconfig = thread.write_kubeconfig(tmp_path / "kubeconfig")  # type: ignore[attr-defined]
-    try:
-        yield thread
-    finally:
-        thread.stop()
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The RBAC test judges what every other test sent to the Kubernetes API: it runs last.
     items.sort(key=lambda item: item.module.__name__.endswith("test_rbac") if item.module else False)
@@ -170,7 +158,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def demo_kube(kube: RealKube) -> RealKube:
-    seed(kube.emulator, fleet.demo_fleet())
+    for obj in fleet.demo_fleet():
+        kube.put(obj)
     return kube
 
 

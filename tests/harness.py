@@ -14,7 +14,7 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from devstack.controllers import provider_controller, set_ready
-from devstack.kube_emulator import KubeEmulatorThread
+from devstack.kube_world import RealKube
 from devstack.slurm_cluster import LocalSlurmCluster
 from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.policy import Policy, parse_policy
@@ -71,7 +71,7 @@ def quick_policy(tmp_path: Path, **overrides: Any) -> Policy:
     return parse_policy(yaml.safe_dump(doc), "test policy")
 
 
-def settings_for(task_queue: str, kube: KubeEmulatorThread, *, slurm: LocalSlurmCluster | None = None,
+def settings_for(task_queue: str, kube: RealKube, *, slurm: LocalSlurmCluster | None = None,
                   slack: SlackStandIn | None = None, provider: ProviderStandIn | None = None,
                   **extra: Any) -> Settings:
     values: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Who asks the Kubernetes API for what: every request the adapters send to the emulator during
+"""Who asks the Kubernetes API for what: every request the adapters send to the apiserver during
 the tests, as RBAC sees it — (verb, API group, resource[/subresource]). `tests/test_rbac.py`
 compares what was seen with the worker's ClusterRole."""
 
@@ -8,6 +8,8 @@ from typing import Any
 
 # (verb, group, resource) seen across this test session.
 OBSERVED: set[tuple[str, str, str]] = set()
+# (group, version, resource) of every custom or built-in resource the worker called.
+VERSIONS: set[tuple[str, str, str]] = set()
 
 
 def access(request: Any) -> tuple[str, str, str] | None:
@@ -32,8 +34,25 @@ def access(request: Any) -> tuple[str, str, str] | None:
     return (verb, group, resource) if verb else None
 
 
+def api_version(request: Any) -> tuple[str, str, str] | None:
+    """(group, version, resource) of one request to a resource (None for discovery)."""
+    parts = [p for p in request.url.path.split("/") if p]
+    if parts[:1] == ["api"] and len(parts) >= 3:
+        group, version, rest = "", parts[1], parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 4:
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]
+    return (group, version, rest[0]) if rest else None
+
+
 def record(requests: list[Any]) -> None:
     for request in requests:
         triple = access(request)
         if triple is not None:
             OBSERVED.add(triple)
+        called = api_version(request)
+        if called is not None:
+            VERSIONS.add(called)

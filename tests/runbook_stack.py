@@ -1,4 +1,4 @@
-"""A node runbook under test: real Temporal, real Slurm, the Kubernetes emulator, stand-ins for
+"""A node runbook under test: real Temporal, real Slurm, the real Kubernetes control plane, stand-ins for
 Slack, the provider and the node agent. Shared by every node runbook's tests."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from devstack import fleet
 from devstack.controllers import provider_controller
-from devstack.kube_emulator import KubeEmulatorThread
+from devstack.kube_world import RealKube
 from devstack.slurm_cluster import LocalSlurmCluster
 from devstack.standins import AgentStandIn, ProviderStandIn, SlackStandIn
 from fleetmedic.ids import node_workflow_id
@@ -37,7 +37,7 @@ START = {
 class Stack:
     client: Client
     task_queue: str
-    kube: KubeEmulatorThread
+    kube: RealKube
     slurm: LocalSlurmCluster
     slack: SlackStandIn
     provider: ProviderStandIn
@@ -53,19 +53,19 @@ class Stack:
 
     def seed(self) -> None:
         for name in self.slurm.nodes:
-            self.kube.emulator.put(fleet.node(name))
-            self.kube.emulator.put(fleet.pod(f"trainer-{name}", name, namespace="training", owner_kind="Job",
+            self.kube.put(fleet.node(name))
+            self.kube.put(fleet.pod(f"trainer-{name}", name, namespace="training", owner_kind="Job",
                                              labels={"app": "trainer"}, gpus=8))
-            self.kube.emulator.put(fleet.pod(f"serve-{name}", name, namespace="inference",
+            self.kube.put(fleet.pod(f"serve-{name}", name, namespace="inference",
                                              labels={"app": "serve", "fleetmedic.io/workload": "inference"}))
-            self.kube.emulator.put(fleet.pod(f"dcgm-{name}", name, namespace="gpu-operator", owner_kind="DaemonSet"))
+            self.kube.put(fleet.pod(f"dcgm-{name}", name, namespace="gpu-operator", owner_kind="DaemonSet"))
         # Another replica elsewhere keeps the PDB satisfiable: one eviction at a time is allowed. Its
         # node exists (not a GPU node): the controller-manager's pod GC deletes pods bound to a node
         # that does not, 40 s after it sees them — a slow run then found the replica gone.
-        self.kube.emulator.put(fleet.node("cpu-node", gpus=0, labels={fleet.GPU_LABEL: "false"}))
-        self.kube.emulator.put(fleet.pod("serve-elsewhere", "cpu-node", namespace="inference",
+        self.kube.put(fleet.node("cpu-node", gpus=0, labels={fleet.GPU_LABEL: "false"}))
+        self.kube.put(fleet.pod("serve-elsewhere", "cpu-node", namespace="inference",
                                          labels={"app": "serve"}))
-        self.kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
+        self.kube.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
                                          min_available=1))
 
     def start_input(self, runbook: str, node: str, **overrides: Any) -> NodeRunbookInput:
@@ -113,7 +113,7 @@ class Stack:
         return state.rstrip("*"), reason
 
     def node(self, name: str) -> dict[str, Any]:
-        obj = self.kube.emulator.get("v1", "Node", name)
+        obj = self.kube.get("v1", "Node", name)
         assert obj is not None
         return obj
 
@@ -122,11 +122,11 @@ class Stack:
         return own_taints(self.node(name))
 
     def node_writes(self, name: str) -> list[Any]:
-        return [r for r in self.kube.emulator.mutations() if r.url.path == f"/api/v1/nodes/{name}"]
+        return [r for r in self.kube.mutations() if r.url.path == f"/api/v1/nodes/{name}"]
 
     def evicted(self) -> list[str]:
         """namespace/name of every pod an eviction was asked for."""
-        paths = [r.url.path.split("/") for r in self.kube.emulator.mutations() if r.url.path.endswith("/eviction")]
+        paths = [r.url.path.split("/") for r in self.kube.mutations() if r.url.path.endswith("/eviction")]
         return sorted(f"{p[p.index('namespaces') + 1]}/{p[p.index('pods') + 1]}" for p in paths)
 
 

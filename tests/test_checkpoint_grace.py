@@ -131,7 +131,7 @@ async def test_an_opt_out_set_mid_run_stops_before_the_next_destructive_step(sta
         await status_when(handle, lambda s: s.step == "grace for checkpoints")
         node = stack.node(NODE)
         node["metadata"].setdefault("labels", {})["fleetmedic.io/remediation"] = "disabled"
-        stack.kube.emulator.put(node)
+        stack.kube.put(node)
 
     report, _ = await stack.run(NODE, policy=policy, during=opt_out_mid_run)
     assert report.outcome == "opted-out", report.decisions

@@ -19,7 +19,7 @@ from temporalio.client import Client
 
 from devstack import fleet
 from devstack.controllers import provider_controller
-from devstack.kube_emulator import KubeEmulatorThread
+from devstack.kube_world import RealKube
 from devstack.processes import FleetMedicProcess
 from devstack.slurm_cluster import LocalSlurmCluster
 from devstack.standins import ProviderStandIn, SlackStandIn
@@ -55,15 +55,15 @@ def kill_when(condition: Callable[[], bool], worker: FleetMedicProcess, fired: t
     "slurm resumed", "event recorded",
 ])
 async def test_worker_killed_after_each_side_effect(moment: str, client: Client, task_queue: str,
-                                                    kube: KubeEmulatorThread, slurm: LocalSlurmCluster,
+                                                    kube: RealKube, slurm: LocalSlurmCluster,
                                                     slack: SlackStandIn, provider_http: ProviderStandIn,
                                                     tmp_path: Path) -> None:
     node = "gpu-node-1"
     for name in slurm.nodes:
-        kube.emulator.put(fleet.node(name))
-    kube.emulator.put(fleet.pod("trainer", node, namespace="training", owner_kind="Job", gpus=8))
-    kube.emulator.put(fleet.pod("serve", node, namespace="inference"))
-    kube.emulator.put(fleet.pod("dcgm", node, namespace="gpu-operator", owner_kind="DaemonSet"))
+        kube.put(fleet.node(name))
+    kube.put(fleet.pod("trainer", node, namespace="training", owner_kind="Job", gpus=8))
+    kube.put(fleet.pod("serve", node, namespace="inference"))
+    kube.put(fleet.pod("dcgm", node, namespace="gpu-operator", owner_kind="DaemonSet"))
 
     # XID 79 as if it left the job alive (catalog job_lost off): the job is signalled and checkpoints.
     policy = quick_policy(tmp_path, provider={"kind": "http", "http": {"url": provider_http.url}},
@@ -91,7 +91,7 @@ async def test_worker_killed_after_each_side_effect(moment: str, client: Client,
         return "State=DOWN" in out
 
     def node_obj() -> dict[str, Any]:
-        return kube.emulator.get("v1", "Node", node) or {}
+        return kube.get("v1", "Node", node) or {}
 
     seen = {"cordoned": False, "down": False}
 
@@ -110,7 +110,7 @@ async def test_worker_killed_after_each_side_effect(moment: str, client: Client,
     conditions: dict[str, Callable[[], bool]] = {
         "slurm down": slurm_down,
         "cordoned": lambda: bool(node_obj().get("spec", {}).get("unschedulable")),
-        "first pod evicted": lambda: len([p for p in kube.emulator.list("v1", "Pod")
+        "first pod evicted": lambda: len([p for p in kube.list("v1", "Pod")
                                           if p["spec"]["nodeName"] == node]) < 3,
         "provider asked": lambda: bool(provider_http.accepted()),
         "node ready again": lambda: bool(provider_http.accepted()) and any(
@@ -118,7 +118,7 @@ async def test_worker_killed_after_each_side_effect(moment: str, client: Client,
             for c in node_obj()["status"]["conditions"]),
         "uncordoned": after_cordon_then(lambda: not node_obj().get("spec", {}).get("unschedulable")),
         "slurm resumed": after_down_then(lambda: sinfo()[1] == "none"),
-        "event recorded": lambda: bool(kube.emulator.list("v1", "Event")),
+        "event recorded": lambda: bool(kube.list("v1", "Event")),
     }
 
     # `fleetmedic worker` as its own process, so the test can SIGKILL it like a node losing power.
@@ -146,16 +146,16 @@ async def test_worker_killed_after_each_side_effect(moment: str, client: Client,
     assert report.outcome == "remediated", (report.decisions, (tmp_path / "worker.log").read_text()[-3000:])
     # Writes the API accepted: on a real API server a kubelet heartbeat between our read and our
     # write is a 409, and the adapter writes again on the fresh object (that retry is not a duplicate).
-    writes = [r for r in kube.emulator.mutations() if r.url.path == f"/api/v1/nodes/{node}" and r.code < 300]
+    writes = [r for r in kube.mutations() if r.url.path == f"/api/v1/nodes/{node}" and r.code < 300]
     cordons = [w for w in writes if (w.data or {}).get("spec", {}).get("unschedulable") is True]
     uncordons = [w for w in writes if "unschedulable" in (w.data or {}).get("spec", {})
                  and w.data["spec"]["unschedulable"] is None]
     assert len(cordons) == 1 and len(uncordons) == 1, [w.data for w in writes]
-    evictions = [r.url.path for r in kube.emulator.mutations() if r.url.path.endswith("/eviction")]
+    evictions = [r.url.path for r in kube.mutations() if r.url.path.endswith("/eviction")]
     assert sorted(evictions) == ["/api/v1/namespaces/inference/pods/serve/eviction",
                                  "/api/v1/namespaces/training/pods/trainer/eviction"]
     assert len(provider_http.accepted()) == 1
-    assert len(kube.emulator.list("v1", "Event")) == 1
+    assert len(kube.list("v1", "Event")) == 1
     assert sinfo() in (("idle", "none"), ("mix", "none"), ("alloc", "none"))
     assert not node_obj()["spec"].get("unschedulable")
     # Slurm saw each write once: DRAIN, the checkpoint signal, DOWN, RESUME (to IDLE).

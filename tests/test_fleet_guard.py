@@ -26,7 +26,6 @@ from activities.kueue import KueueTrigger
 from activities.start import signal_shared, start_or_attach
 from devstack import fleet
 from devstack.controllers import provider_controller
-from devstack.kube_emulator import KubeEmulatorThread
 from devstack.kube_world import RealKube
 from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.converter import data_converter
@@ -63,8 +62,8 @@ class OutOfService(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            nodes = self.kube.emulator.list("v1", "Node")
-            running = {p["spec"].get("nodeName") for p in self.kube.emulator.list("v1", "Pod")}
+            nodes = self.kube.list("v1", "Node")
+            running = {p["spec"].get("nodeName") for p in self.kube.list("v1", "Pod")}
             out = [n["metadata"]["name"] for n in nodes if n["spec"].get("unschedulable") or not any(
                 c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions") or [])]
             self.most = max(self.most, len([n for n in out if n not in running]))
@@ -145,15 +144,15 @@ async def replay_guard_runs(client: Client, cluster: str) -> int:
     return len(runs)
 
 
-async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue: str, kube: KubeEmulatorThread,
+async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue: str, kube: RealKube,
                                                       provider_http: ProviderStandIn, tmp_path: Path) -> None:
     for i in range(100):
-        kube.emulator.put(fleet.node(f"gpu-{i:03d}"))
+        kube.put(fleet.node(f"gpu-{i:03d}"))
     policy = guard_policy(tmp_path, provider_http)
     settings = settings_for(task_queue, kube, provider=provider_http)
     failing = [f"gpu-{i:03d}" for i in range(0, 80, 2)]  # 40 nodes
     for node in failing:  # each runs a training pod until its node's lease comes
-        kube.emulator.put(fleet.pod(f"trainer-{node}", node, namespace="training", owner_kind="Job", gpus=8))
+        kube.put(fleet.pod(f"trainer-{node}", node, namespace="training", owner_kind="Job", gpus=8))
     cluster = task_queue
     handles: list[WorkflowHandle[Any, RunbookStatus]] = []
     sampler = OutOfService(kube)
@@ -211,7 +210,7 @@ async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue:
 
 
 async def test_a_guard_that_continues_as_new_tells_no_holder_again(client: Client, task_queue: str,
-                                                                    kube: KubeEmulatorThread,
+                                                                    kube: RealKube,
                                                                     provider_http: ProviderStandIn,
                                                                     tmp_path: Path) -> None:
     """Holders are told "granted" once, whatever the guard's restarts. Re-telling every holder after a
@@ -219,7 +218,7 @@ async def test_a_guard_that_continues_as_new_tells_no_holder_again(client: Clien
     guard continued-as-new again at once, and re-told them all, in a loop. Here 30 holders against a
     limit of 50 events."""
     for i in range(40):
-        kube.emulator.put(fleet.node(f"gpu-{i}"))
+        kube.put(fleet.node(f"gpu-{i}"))
     policy = guard_policy(tmp_path, provider_http, max_concurrent=100, max_unavailable_fraction=1.0,
                           guard_history_events=50)
     cluster = task_queue
@@ -248,7 +247,7 @@ async def test_a_guard_that_continues_as_new_tells_no_holder_again(client: Clien
 
 
 async def test_a_round_of_grants_goes_out_a_batch_a_workflow_task(client: Client, task_queue: str,
-                                                                  kube: KubeEmulatorThread,
+                                                                  kube: RealKube,
                                                                   provider_http: ProviderStandIn,
                                                                   tmp_path: Path) -> None:
     """A round's signals (grants first, then places in line) go out `budget.guard_signals_per_task`
@@ -257,7 +256,7 @@ async def test_a_round_of_grants_goes_out_a_batch_a_workflow_task(client: Client
     SDK's 2 s deadlock timeout, failed again on every retry and replay, and no lease came again.
     Here 21 grants in one round (a pause lifted over a line of 20), at most 4 signals a task."""
     for i in range(30):
-        kube.emulator.put(fleet.node(f"gpu-{i}"))
+        kube.put(fleet.node(f"gpu-{i}"))
     policy = guard_policy(tmp_path, provider_http, max_concurrent=100, max_unavailable_fraction=1.0,
                           guard_history_events=5000, guard_signals_per_task=4)
     cluster = task_queue
@@ -290,12 +289,12 @@ async def test_a_round_of_grants_goes_out_a_batch_a_workflow_task(client: Client
 
 
 async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Client, task_queue: str,
-                                                                    kube: KubeEmulatorThread,
+                                                                    kube: RealKube,
                                                                     provider_http: ProviderStandIn,
                                                                     tmp_path: Path) -> None:
     for i in range(10):
-        kube.emulator.put(fleet.node(f"gpu-{i}"))
-    kube.emulator.put(fleet.pod("trainer-gpu-2", "gpu-2", namespace="training", owner_kind="Job", gpus=8))
+        kube.put(fleet.node(f"gpu-{i}"))
+    kube.put(fleet.pod("trainer-gpu-2", "gpu-2", namespace="training", owner_kind="Job", gpus=8))
     policy = guard_policy(tmp_path, provider_http)
     settings = settings_for(task_queue, kube, provider=provider_http)
     cluster = task_queue
@@ -314,13 +313,13 @@ async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Clie
             # Recovery goes on under the pause: run 1 returns its node to service and finishes.
             report = await asyncio.wait_for(first.result(), 60)
             assert report.outcome == "remediated"
-            assert not kube.emulator.get("v1", "Node", "gpu-1")["spec"].get("unschedulable")
+            assert not kube.get("v1", "Node", "gpu-1")["spec"].get("unschedulable")
             # Run 2 gets no lease while paused: its node is cordoned (protective, before the lease),
             # nothing destructive happened to it: its pod runs on, no replacement was asked.
             await status_when(second, lambda s: s.step == "take disruption lease"
                               and "paused by dana" in (s.waiting_for or ""))
-            assert kube.emulator.get("v1", "Node", "gpu-2")["spec"].get("unschedulable") is True
-            assert kube.emulator.get("v1", "Pod", "trainer-gpu-2", "training") is not None
+            assert kube.get("v1", "Node", "gpu-2")["spec"].get("unschedulable") is True
+            assert kube.get("v1", "Pod", "trainer-gpu-2", "training") is not None
             assert [r["node"] for r in provider_http.accepted()] == ["gpu-1"]
             state = await guard_state(client, cluster)
             assert state.paused is not None and state.paused.reason == "change freeze"
@@ -340,7 +339,7 @@ async def shows_first_in_line(client: Client, workflow_id: str) -> None:
 
 
 async def test_a_place_in_line_told_before_the_run_waits_is_shown(client: Client, task_queue: str,
-                                                                    kube: KubeEmulatorThread,
+                                                                    kube: RealKube,
                                                                     provider_http: ProviderStandIn, tmp_path: Path,
                                                                     monkeypatch: Any) -> None:
     """The guard can answer before the run's request has reported back: on a busy worker both come in
@@ -352,7 +351,7 @@ async def test_a_place_in_line_told_before_the_run_waits_is_shown(client: Client
         await asyncio.sleep(1)
 
     monkeypatch.setattr(GuardActivities, "request_lease", activity.defn(name="guard.request")(late_request))
-    kube.emulator.put(fleet.node("gpu-1"))
+    kube.put(fleet.node("gpu-1"))
     cluster = task_queue
     await start_or_attach(client, "fleet-guard", GuardState(cluster=cluster), workflow_id=guard_workflow_id(cluster),
                           task_queue=guard_queue(task_queue), signal="pause",
@@ -369,10 +368,10 @@ async def test_a_place_in_line_told_before_the_run_waits_is_shown(client: Client
         await run.terminate("test over")
 
 
-async def test_the_lease_of_a_closed_runbook_is_reclaimed(client: Client, task_queue: str, kube: KubeEmulatorThread,
+async def test_the_lease_of_a_closed_runbook_is_reclaimed(client: Client, task_queue: str, kube: RealKube,
                                                           provider_http: ProviderStandIn, tmp_path: Path) -> None:
     for i in range(10):
-        kube.emulator.put(fleet.node(f"gpu-{i}"))
+        kube.put(fleet.node(f"gpu-{i}"))
     # Half the fleet may be out: the holder's node stays cordoned after it is gone (a bad node
     # stays out), and only the one lease at a time is what this test is about.
     policy = guard_policy(tmp_path, provider_http, max_concurrent=1, max_unavailable_fraction=0.5,
@@ -403,8 +402,8 @@ async def test_an_unreadable_fleet_grants_no_lease_and_says_so_then_recovers(
     """The guard cannot count GPU nodes (the node list answers 503): bounded retries, then it fails
     closed — no lease, so nothing destructive — and says why in its state; it grants once it can read."""
     for i in range(10):
-        kube.emulator.put(fleet.node(f"gpu-{i}"))
-    outage = kube.emulator.inject("GET", "nodes", name="", status=503, times=100_000)  # list only
+        kube.put(fleet.node(f"gpu-{i}"))
+    outage = kube.inject("GET", "nodes", name="", status=503, times=100_000)  # list only
     policy = guard_policy(tmp_path, provider_http, guard_reclaim_interval="2s")
     policy = policy.model_copy(update={"retries": policy.retries.model_copy(update={
         "reads": policy.retries.reads.model_copy(update={"attempts": 3})})})
@@ -431,7 +430,7 @@ async def test_the_domain_limit_counts_nodes_already_down_in_the_domain(
     """zone-a already has a node cordoned by someone else: with two per domain, only one more of
     zone-a may go out, while zone-b takes its own. Counted from the API, not from the guard."""
     for i in range(10):
-        kube.emulator.put(fleet.node(f"gpu-{i}", zone="zone-a" if i < 5 else "zone-b", unschedulable=i == 0))
+        kube.put(fleet.node(f"gpu-{i}", zone="zone-a" if i < 5 else "zone-b", unschedulable=i == 0))
     policy = guard_policy(tmp_path, provider_http, max_unavailable_fraction=0.5, max_per_domain=2,
                           topology_label="topology.kubernetes.io/zone")
     cluster = task_queue
@@ -459,7 +458,7 @@ async def test_a_lease_that_never_comes_escalates(client: Client, task_queue: st
                                                   provider_http: ProviderStandIn, slack: SlackStandIn,
                                                   tmp_path: Path) -> None:
     for i in range(10):
-        kube.emulator.put(fleet.node(f"gpu-{i}"))
+        kube.put(fleet.node(f"gpu-{i}"))
     policy = guard_policy(tmp_path, provider_http, max_concurrent=1, lease_timeout="3s")
     cluster = task_queue
     settings = settings_for(task_queue, kube, provider=provider_http, slack=slack)
@@ -484,7 +483,7 @@ async def test_a_lease_that_never_comes_escalates(client: Client, task_queue: st
         await holder.terminate("test over")
     assert report.outcome == "aborted"
     # Cordoned by the protective step, nothing destructive: it stays out, and says why.
-    node = kube.emulator.get("v1", "Node", "gpu-2")
+    node = kube.get("v1", "Node", "gpu-2")
     assert node["spec"].get("unschedulable") is True
     assert "run aborted by sre: later" in node["metadata"]["annotations"]["fleetmedic.io/quarantine-reason"]
     assert [r["node"] for r in provider_http.accepted()] == ["gpu-1"]

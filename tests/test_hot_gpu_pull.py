@@ -1,4 +1,4 @@
-"""hot-gpu-pull end to end: real Temporal dev server, real Slurm, the Kubernetes emulator, stand-ins."""
+"""hot-gpu-pull end to end: real Temporal dev server, real Slurm, the real Kubernetes control plane, stand-ins."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ async def test_a_gpu_that_cooled_down_ends_the_run_without_touching_anything(sta
     assert report.outcome == "recovered"
     assert any(d.step == "record outcome" and "GPU 3 cooled down before any action (GPU 3 55 °C)" in d.result
                for d in report.decisions)
-    mutations = stack.kube.emulator.mutations()
+    mutations = stack.kube.mutations()
     assert [m.url.path for m in mutations] == ["/api/v1/namespaces/default/events"]  # the outcome, and only it
     assert stack.slurm_state("gpu-node-1") == ("idle", "none")
     assert stack.provider.requests == []

@@ -55,7 +55,7 @@ def test_a_429_holds_everyone_and_a_request_that_would_wait_too_long_fails_now()
 
 
 def test_every_request_of_the_workers_client_passes_the_limiter(kube: RealKube) -> None:
-    kube.emulator.put(fleet.node("n1"))
+    kube.put(fleet.node("n1"))
     api = load_api_client(str(kube.kubeconfig), pool=8, qps=1000, burst=1000)  # type: ignore[attr-defined]
     assert isinstance(api, LimitedApiClient) and api.configuration.connection_pool_maxsize == 8
     counted: list[float] = []
@@ -66,7 +66,7 @@ def test_every_request_of_the_workers_client_passes_the_limiter(kube: RealKube) 
     core.list_node()
     assert len(counted) == 2
     # The API server says 429: the limiter holds every caller (for Retry-After, at least a second).
-    kube.emulator.inject("GET", "nodes", name="n1", status=429, times=1)
+    kube.inject("GET", "nodes", name="n1", status=429, times=1)
     with pytest.raises(client.ApiException):
         core.read_node("n1")
     assert api.limiter.hold_until > api.limiter.clock()

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 
 import pytest
+import yaml
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -18,7 +19,8 @@ from activities.kube_client import load_api_client
 from activities.kubernetes import PRE_CORDONED, KubernetesActivities
 from activities.waits import window_left
 from devstack import fleet
-from devstack.kube_emulator import KubeEmulatorThread
+from devstack.kube_faults import FaultProxy
+from devstack.kube_world import RealKube
 from fleetmedic.models import EventRequest, EvictRequest, NodeTarget, Taint, TaintRequest, WaitNodeReady
 from fleetmedic.policy import Policy
 from tests.harness import own_taints
@@ -28,8 +30,8 @@ WF = "xid-recovery/test/n1"
 
 
 @pytest.fixture
-def k8s(kube: KubeEmulatorThread) -> Iterator[KubernetesActivities]:
-    kube.emulator.put(fleet.node("n1"))
+def k8s(kube: RealKube) -> Iterator[KubernetesActivities]:
+    kube.put(fleet.node("n1"))
     activities = KubernetesActivities(cache(lambda: load_api_client(str(kube.kubeconfig))),  # type: ignore[attr-defined]
                                       Policy(), timeout_s=2)
     yield activities
@@ -37,15 +39,15 @@ def k8s(kube: KubeEmulatorThread) -> Iterator[KubernetesActivities]:
 
 
 
-def node(kube: KubeEmulatorThread, name: str = "n1") -> dict:  # type: ignore[type-arg]
-    obj = kube.emulator.get("v1", "Node", name)
+def node(kube: RealKube, name: str = "n1") -> dict:  # type: ignore[type-arg]
+    obj = kube.get("v1", "Node", name)
     assert obj is not None
     return obj
 
 
-def test_get_node_and_pods(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
-    kube.emulator.put(fleet.pod("train", "n1", gpus=8))
-    kube.emulator.put(fleet.pod("other", "n2"))
+def test_get_node_and_pods(kube: RealKube, k8s: KubernetesActivities) -> None:
+    kube.put(fleet.pod("train", "n1", gpus=8))
+    kube.put(fleet.pod("other", "n2"))
     info = run(k8s.get_node, "n1")
     assert info.ready and info.gpu_allocatable == 8 and not info.unschedulable
     pods = run(k8s.list_pods_on_node, "n1")
@@ -59,20 +61,20 @@ def test_a_missing_node_is_an_answer_not_an_error(k8s: KubernetesActivities) -> 
     assert verdict.missing and not verdict.opted_out
 
 
-def test_opt_out_on_node_or_pod(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+def test_opt_out_on_node_or_pod(kube: RealKube, k8s: KubernetesActivities) -> None:
     assert not run(k8s.check_opt_out, "n1").opted_out
-    kube.emulator.put(fleet.pod("precious", "n1", labels={"fleetmedic.io/remediation": "disabled"}))
+    kube.put(fleet.pod("precious", "n1", labels={"fleetmedic.io/remediation": "disabled"}))
     verdict = run(k8s.check_opt_out, "n1")
     assert verdict.opted_out and "pod default/precious" in verdict.reasons[0]
 
 
-def test_cordon_is_idempotent_and_annotated(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+def test_cordon_is_idempotent_and_annotated(kube: RealKube, k8s: KubernetesActivities) -> None:
     first = run(k8s.cordon_node, NodeTarget(node="n1", workflow_id=WF, reason="XID 79"))
-    writes = len(kube.emulator.mutations())
+    writes = len(kube.mutations())
     second = run(k8s.cordon_node, NodeTarget(node="n1", workflow_id=WF, reason="XID 79"))
     assert first.changed and not second.changed
     # Counted at the API (the node's resourceVersion moves with every kubelet heartbeat): no write.
-    assert len(kube.emulator.mutations()) == writes
+    assert len(kube.mutations()) == writes
     assert node(kube)["spec"]["unschedulable"] is True
     assert node(kube)["metadata"]["annotations"]["fleetmedic.io/workflow"] == WF
     with pytest.raises(ApplicationError) as held:  # another run does not take over the node
@@ -84,8 +86,8 @@ def test_cordon_is_idempotent_and_annotated(kube: KubeEmulatorThread, k8s: Kuber
     assert not run(k8s.uncordon_node, NodeTarget(node="n1", workflow_id=WF)).changed
 
 
-def test_someone_elses_cordon_is_kept(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
-    kube.emulator.put(fleet.node("n1", unschedulable=True))
+def test_someone_elses_cordon_is_kept(kube: RealKube, k8s: KubernetesActivities) -> None:
+    kube.put(fleet.node("n1", unschedulable=True))
     run(k8s.cordon_node, NodeTarget(node="n1", workflow_id=WF, reason="XID 79"))
     assert node(kube)["metadata"]["annotations"][PRE_CORDONED] == "true"
     run(k8s.uncordon_node, NodeTarget(node="n1", workflow_id=WF))
@@ -93,8 +95,8 @@ def test_someone_elses_cordon_is_kept(kube: KubeEmulatorThread, k8s: KubernetesA
     assert PRE_CORDONED not in node(kube)["metadata"]["annotations"]
 
 
-def test_conflict_is_retried_on_the_fresh_object(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
-    kube.emulator.inject("PATCH", "nodes", status=409, times=2)
+def test_conflict_is_retried_on_the_fresh_object(kube: RealKube, k8s: KubernetesActivities) -> None:
+    kube.inject("PATCH", "nodes", status=409, times=2)
     taint = Taint.parse("fleetmedic.io/degraded=nvlink:NoSchedule")
     assert run(k8s.add_taint, TaintRequest(node="n1", taint=taint)).changed
     assert own_taints(node(kube)) == [{"key": "fleetmedic.io/degraded", "value": "nvlink", "effect": "NoSchedule"}]
@@ -103,8 +105,8 @@ def test_conflict_is_retried_on_the_fresh_object(kube: KubeEmulatorThread, k8s: 
     assert not own_taints(node(kube))
 
 
-def test_conflict_that_persists_is_a_retryable_error(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
-    kube.emulator.inject("PATCH", "nodes", status=409, times=10)
+def test_conflict_that_persists_is_a_retryable_error(kube: RealKube, k8s: KubernetesActivities) -> None:
+    kube.inject("PATCH", "nodes", status=409, times=10)
     with pytest.raises(ApplicationError) as err:
         run(k8s.cordon_node, NodeTarget(node="n1", workflow_id=WF))
     assert err.value.type == "Conflict" and not err.value.non_retryable
@@ -113,60 +115,66 @@ def test_conflict_that_persists_is_a_retryable_error(kube: KubeEmulatorThread, k
 @pytest.mark.parametrize(("status", "kind", "retryable"), [
     (500, "Unavailable", True), (503, "Unavailable", True), (403, "Forbidden", False), (422, "Invalid", False),
 ])
-def test_api_errors_are_classified(kube: KubeEmulatorThread, k8s: KubernetesActivities, status: int, kind: str,
+def test_api_errors_are_classified(kube: RealKube, k8s: KubernetesActivities, status: int, kind: str,
                                    retryable: bool) -> None:
-    kube.emulator.inject("PATCH", "nodes", status=status)
+    kube.inject("PATCH", "nodes", status=status)
     with pytest.raises(ApplicationError) as err:
         run(k8s.cordon_node, NodeTarget(node="n1", workflow_id=WF))
     assert err.value.type == kind and err.value.non_retryable is not retryable
     assert not node(kube)["spec"].get("unschedulable")
 
 
-def test_timeout_is_retryable(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
-    kube.emulator.inject("GET", "nodes", status=0, delay_s=4)
+def test_timeout_is_retryable(kube: RealKube, k8s: KubernetesActivities) -> None:
+    kube.inject("GET", "nodes", status=0, delay_s=4)
     with pytest.raises(ApplicationError) as err:
         run(k8s.get_node, "n1")
     assert err.value.type == "Timeout" and not err.value.non_retryable
 
 
-def test_unreachable_api_is_retryable(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    with KubeEmulatorThread() as dead:
-        kubeconfig = dead.write_kubeconfig(tmp_path / "kc")
+def test_unreachable_api_is_retryable(kube: RealKube, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A fault proxy of its own in front of the real apiserver, stopped: the worker's kubeconfig now
+    # points at a port nobody listens on, as when the API server is down or partitioned away.
+    dead = FaultProxy(kube.cluster.port).start()
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kc")
+    config = yaml.safe_load(kubeconfig.read_text())
+    config["clusters"][0]["cluster"] = {"server": dead.url}
+    kubeconfig.write_text(yaml.safe_dump(config))
+    dead.stop()
     k8s = KubernetesActivities(lambda: load_api_client(str(kubeconfig)), Policy(), timeout_s=1)
     with pytest.raises(ApplicationError) as err:
         run(k8s.get_node, "n1")
     assert err.value.type == "Unavailable" and not err.value.non_retryable
 
 
-def test_dry_run_sends_no_write(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
-    kube.emulator.put(fleet.pod("train", "n1"))
+def test_dry_run_sends_no_write(kube: RealKube, k8s: KubernetesActivities) -> None:
+    kube.put(fleet.pod("train", "n1"))
     cordon = run(k8s.cordon_node, NodeTarget(node="n1", workflow_id=WF, reason="XID 79", dry_run=True))
     drain = run(k8s.evict_pods, EvictRequest(node="n1", dry_run=True))
     taint = run(k8s.add_taint, TaintRequest(node="n1", taint=Taint.parse("a=b:NoSchedule"), dry_run=True))
     event = run(k8s.record_event, EventRequest(name="n1", reason="R", message="m", dry_run=True))
     assert cordon.summary.startswith("would cordon node n1") and drain.evicted == ["default/train"]
     assert taint.dry_run and event.dry_run
-    assert kube.emulator.mutations() == []
+    assert kube.mutations() == []
 
 
-def test_forced_dry_run_of_the_process(kube: KubeEmulatorThread) -> None:
+def test_forced_dry_run_of_the_process(kube: RealKube) -> None:
     k8s = KubernetesActivities(lambda: load_api_client(str(kube.kubeconfig)), Policy(),  # type: ignore[attr-defined]
                                force_dry_run=True)
-    kube.emulator.put(fleet.node("n1"))
+    kube.put(fleet.node("n1"))
     assert run(k8s.cordon_node, NodeTarget(node="n1", workflow_id=WF)).dry_run
-    assert kube.emulator.mutations() == []
+    assert kube.mutations() == []
 
 
-def test_drain_skips_daemonsets_and_waits_out_a_pdb(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
-    kube.emulator.put(fleet.pod("dcgm", "n1", owner_kind="DaemonSet"))
-    kube.emulator.put(fleet.pod("static", "n1", mirror=True))
-    kube.emulator.put(fleet.pod("web-0", "n1", labels={"app": "web"}))
-    kube.emulator.put(fleet.node("n2"))  # the other replica's node
-    kube.emulator.put(fleet.pod("web-1", "n2", labels={"app": "web"}, ready=False))
-    kube.emulator.put(fleet.pdb("web", match_labels={"app": "web"}, min_available=1))
+def test_drain_skips_daemonsets_and_waits_out_a_pdb(kube: RealKube, k8s: KubernetesActivities) -> None:
+    kube.put(fleet.pod("dcgm", "n1", owner_kind="DaemonSet"))
+    kube.put(fleet.pod("static", "n1", mirror=True))
+    kube.put(fleet.pod("web-0", "n1", labels={"app": "web"}))
+    kube.put(fleet.node("n2"))  # the other replica's node
+    kube.put(fleet.pod("web-1", "n2", labels={"app": "web"}, ready=False))
+    kube.put(fleet.pdb("web", match_labels={"app": "web"}, min_available=1))
 
     def replica_becomes_ready() -> None:  # the controller's part: the other replica gets Ready
-        kube.emulator.put(fleet.pod("web-1", "n2", labels={"app": "web"}, ready=True))
+        kube.put(fleet.pod("web-1", "n2", labels={"app": "web"}, ready=True))
 
     timer = threading.Timer(1.0, replica_becomes_ready)
     timer.start()
@@ -174,44 +182,44 @@ def test_drain_skips_daemonsets_and_waits_out_a_pdb(kube: KubeEmulatorThread, k8
     timer.join()
     assert report.evicted == ["default/web-0"] and report.complete
     assert sorted(p.pod for p in report.skipped) == ["default/dcgm", "default/static"]
-    assert kube.emulator.get("v1", "Pod", "dcgm", "default") is not None
-    refused = [r for r in kube.emulator.mutations() if r.url.path.endswith("/eviction")]
+    assert kube.get("v1", "Pod", "dcgm", "default") is not None
+    refused = [r for r in kube.mutations() if r.url.path.endswith("/eviction")]
     assert len(refused) >= 2  # the first eviction got 429 and was retried
 
 
-def test_drain_reports_what_it_could_not_evict(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
-    kube.emulator.put(fleet.pod("solo", "n1", labels={"app": "solo"}))
-    kube.emulator.put(fleet.pdb("solo", match_labels={"app": "solo"}, max_unavailable=0))
+def test_drain_reports_what_it_could_not_evict(kube: RealKube, k8s: KubernetesActivities) -> None:
+    kube.put(fleet.pod("solo", "n1", labels={"app": "solo"}))
+    kube.put(fleet.pdb("solo", match_labels={"app": "solo"}, max_unavailable=0))
     report = run(k8s.evict_pods, EvictRequest(node="n1", deadline_s=1.5))
     assert not report.complete
     assert report.failed[0].pod == "default/solo" and "PodDisruptionBudget" in report.failed[0].reason
 
 
-def test_drain_retries_server_errors(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
-    kube.emulator.put(fleet.pod("train", "n1"))
-    kube.emulator.inject("POST", "pods", subresource="eviction", status=500, times=2)
+def test_drain_retries_server_errors(kube: RealKube, k8s: KubernetesActivities) -> None:
+    kube.put(fleet.pod("train", "n1"))
+    kube.inject("POST", "pods", subresource="eviction", status=500, times=2)
     report = run(k8s.evict_pods, EvictRequest(node="n1", deadline_s=20))
     assert report.evicted == ["default/train"] and report.complete
 
 
-def test_drain_with_a_selector_leaves_other_pods(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
-    kube.emulator.put(fleet.pod("train", "n1", labels={"fleetmedic.io/workload": "training"}))
-    kube.emulator.put(fleet.pod("serve", "n1", labels={"fleetmedic.io/workload": "inference"}))
+def test_drain_with_a_selector_leaves_other_pods(kube: RealKube, k8s: KubernetesActivities) -> None:
+    kube.put(fleet.pod("train", "n1", labels={"fleetmedic.io/workload": "training"}))
+    kube.put(fleet.pod("serve", "n1", labels={"fleetmedic.io/workload": "inference"}))
     report = run(k8s.evict_pods, EvictRequest(node="n1", selector="fleetmedic.io/workload!=inference"))
     assert report.evicted == ["default/train"]
-    assert kube.emulator.get("v1", "Pod", "serve", "default") is not None
+    assert kube.get("v1", "Pod", "serve", "default") is not None
 
 
-def test_event_is_recorded_once(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+def test_event_is_recorded_once(kube: RealKube, k8s: KubernetesActivities) -> None:
     request = EventRequest(name="n1", reason="FleetMedicRemediated", message="XID 79: replaced")
     first = ActivityEnvironment()
     assert first.run(k8s.record_event, request).changed
     assert not first.run(k8s.record_event, request).changed  # a retried activity finds its Event
-    events = kube.emulator.list("v1", "Event")
+    events = kube.list("v1", "Event")
     assert len(events) == 1 and events[0]["involvedObject"]["name"] == "n1"
 
 
-def test_wait_node_ready_watches_until_the_node_is_back(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+def test_wait_node_ready_watches_until_the_node_is_back(kube: RealKube, k8s: KubernetesActivities) -> None:
     from datetime import UTC, datetime
 
     from devstack.controllers import set_ready
@@ -222,11 +230,11 @@ def test_wait_node_ready_watches_until_the_node_is_back(kube: KubeEmulatorThread
     threading.Timer(1.0, set_ready, (kube, "n1", True)).start()
     back = run(k8s.wait_node_ready, WaitNodeReady(node="n1", since=since, timeout_s=20))
     assert back is not None and back.ready and back.ready_since is not None and back.ready_since >= since
-    gets = [r for r in kube.emulator.requests() if r.verb == "watch"]
+    gets = [r for r in kube.requests() if r.verb == "watch"]
     assert gets, "the activity watches instead of polling"
 
 
-def test_a_retried_wait_waits_only_what_is_left_of_the_runs_window(kube: KubeEmulatorThread,
+def test_a_retried_wait_waits_only_what_is_left_of_the_runs_window(kube: RealKube,
                                                                    k8s: KubernetesActivities) -> None:
     """A wait spans the run's deadline. When the worker running it dies (its heartbeat times out),
     the next attempt waits what is left of the window counted from the run's request, not the whole
@@ -244,7 +252,7 @@ def test_a_retried_wait_waits_only_what_is_left_of_the_runs_window(kube: KubeEmu
     assert asyncio.run(asyncio.wait_for(retry.run(k8s.wait_node_ready, never), 60)) is None
 
 
-def test_wait_node_ready_times_out_and_waits_for_a_missing_node(kube: KubeEmulatorThread,
+def test_wait_node_ready_times_out_and_waits_for_a_missing_node(kube: RealKube,
                                                                 k8s: KubernetesActivities) -> None:
     from datetime import UTC, datetime
 
@@ -252,12 +260,12 @@ def test_wait_node_ready_times_out_and_waits_for_a_missing_node(kube: KubeEmulat
 
     assert run(k8s.wait_node_ready, WaitNodeReady(node="n1", since=datetime.now(UTC).replace(year=2030),
                                                   timeout_s=1.5)) is None
-    threading.Timer(1.0, lambda: kube.emulator.put(fleet.node("replacement"))).start()
+    threading.Timer(1.0, lambda: kube.put(fleet.node("replacement"))).start()
     back = run(k8s.wait_node_ready, WaitNodeReady(node="replacement", timeout_s=20))
     assert back is not None and back.name == "replacement"
 
 
-def test_many_waits_share_one_watch_and_hold_no_thread(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+def test_many_waits_share_one_watch_and_hold_no_thread(kube: RealKube, k8s: KubernetesActivities) -> None:
     """Forty runs waiting for their nodes cost one list and one watch at the API server, not one
     watch (and one activity thread) each; each wait returns when its own node is back."""
     import asyncio
@@ -268,7 +276,7 @@ def test_many_waits_share_one_watch_and_hold_no_thread(kube: KubeEmulatorThread,
 
     names = [f"w{i}" for i in range(40)]
     for name in names:
-        kube.emulator.put(fleet.node(name, ready=False))
+        kube.put(fleet.node(name, ready=False))
     since = datetime.now(UTC).replace(microsecond=0)
     before = threading.active_count()
 
@@ -288,11 +296,11 @@ def test_many_waits_share_one_watch_and_hold_no_thread(kube: KubeEmulatorThread,
 
     back = asyncio.run(all_waits())
     assert sorted(b.name for b in back) == sorted(names[:20])  # type: ignore[attr-defined]
-    watches = [r for r in kube.emulator.requests() if r.verb == "watch" and r.url.path == "/api/v1/nodes"]
+    watches = [r for r in kube.requests() if r.verb == "watch" and r.url.path == "/api/v1/nodes"]
     assert len(watches) == 1, len(watches)
 
 
-def test_a_stopped_watch_lets_go_of_the_api(kube: KubeEmulatorThread, k8s: KubernetesActivities) -> None:
+def test_a_stopped_watch_lets_go_of_the_api(kube: RealKube, k8s: KubernetesActivities) -> None:
     """A worker stopped in a process that goes on (the dev stack, a test session) ends its node
     watch: no thread left renewing a watch against the API server every five minutes for ever."""
     from fleetmedic.models import WaitNodeReady
@@ -304,6 +312,6 @@ def test_a_stopped_watch_lets_go_of_the_api(kube: KubeEmulatorThread, k8s: Kuber
     assert run(k8s.wait_node_ready, WaitNodeReady(node="n1", since=None, timeout_s=30)) is not None
     [ours] = watching() - before
     k8s.node_watch.stop()
-    kube.emulator.put(fleet.node("n2"))  # an event: the open watch sees the stop
+    kube.put(fleet.node("n2"))  # an event: the open watch sees the stop
     ours.join(20)
     assert not ours.is_alive()

@@ -1,5 +1,5 @@
 """kueue-quota-sync: the quota planner's guards (pure), and the workflow end to end on the real
-Temporal dev server with the Kubernetes emulator's ResourceFlavor, ClusterQueue and Workload
+Temporal dev server with the real apiserver's ResourceFlavor, ClusterQueue and Workload
 objects; the Schedule the worker keeps."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from activities.kubernetes import KubernetesActivities
 from activities.kueue import KueueActivities
 from activities.start import RUNBOOK_TASK_TIMEOUT
 from devstack import fleet
-from devstack.kube_emulator import KubeEmulatorThread
+from devstack.kube_world import RealKube
 from fleetmedic.ids import cluster_workflow_id
 from fleetmedic.models import Approval, NodeInfo, RunbookStatus
 from fleetmedic.policy import Policy
@@ -71,22 +71,22 @@ def test_targets_and_guards(share: QueueShare, healthy: int, current: int, used:
 # --- the workflow ---------------------------------------------------------------------------------
 
 
-def seed_kueue(kube: KubeEmulatorThread, nodes: list[str], quota: int) -> None:
+def seed_kueue(kube: RealKube, nodes: list[str], quota: int) -> None:
     for name in nodes:
-        node = kube.emulator.get("v1", "Node", name) or fleet.node(name)
+        node = kube.get("v1", "Node", name) or fleet.node(name)
         node["metadata"]["labels"].update(H100)
-        kube.emulator.put(node)
-    kube.emulator.put(fleet.resource_flavor("h100", H100))
-    kube.emulator.put(fleet.cluster_queue("training", {"h100": quota}))
+        kube.put(node)
+    kube.put(fleet.resource_flavor("h100", H100))
+    kube.put(fleet.cluster_queue("training", {"h100": quota}))
 
 
-def quota(kube: KubeEmulatorThread, queue: str = "training") -> Any:
-    obj = kube.emulator.get(fleet.KUEUE, "ClusterQueue", queue)
+def quota(kube: RealKube, queue: str = "training") -> Any:
+    obj = kube.get(fleet.KUEUE, "ClusterQueue", queue)
     assert obj is not None
     return obj["spec"]["resourceGroups"][0]["flavors"][0]["resources"][1]["nominalQuota"]
 
 
-def wait_quota(kube: KubeEmulatorThread, expected: int, timeout: float = 60) -> None:
+def wait_quota(kube: RealKube, expected: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if int(quota(kube)) == expected:
@@ -95,7 +95,7 @@ def wait_quota(kube: KubeEmulatorThread, expected: int, timeout: float = 60) -> 
     raise AssertionError(f"quota stayed {quota(kube)}, expected {expected}")
 
 
-async def sync(client: Client, task_queue: str, kube: KubeEmulatorThread, policy: Policy, *, dry_run: bool = False,
+async def sync(client: Client, task_queue: str, kube: RealKube, policy: Policy, *, dry_run: bool = False,
                during: Any = None) -> RunbookStatus:
     async with worker_for(client, settings_for(task_queue, kube), policy):
         handle: WorkflowHandle[Any, RunbookStatus] = await client.start_workflow(
@@ -125,7 +125,7 @@ async def test_a_node_taken_out_lowers_the_quota_and_its_return_restores_it(stac
         await asyncio.to_thread(wait_quota, stack.kube, 8 * len(nodes))
         # The sync records its Event in the step after the quota's write: wait for it with the worker up.
         deadline = asyncio.get_running_loop().time() + 30
-        while len(events := [e for e in stack.kube.emulator.list("v1", "Event")
+        while len(events := [e for e in stack.kube.list("v1", "Event")
                              if e["reason"] == "FleetMedicQuotaSynced"]) < 2:
             assert asyncio.get_running_loop().time() < deadline, events
             await asyncio.sleep(0.2)
@@ -135,16 +135,16 @@ async def test_a_node_taken_out_lowers_the_quota_and_its_return_restores_it(stac
 
 
 async def test_admitted_workloads_above_the_target_hold_the_cut_until_approved(client: Client, task_queue: str,
-                                                                                 kube: KubeEmulatorThread,
+                                                                                 kube: RealKube,
                                                                                  tmp_path: Path) -> None:
     seed_kueue(kube, ["g1", "g2", "g3"], 24)
     for name in ("g2", "g3"):
-        node = kube.emulator.get("v1", "Node", name)
+        node = kube.get("v1", "Node", name)
         assert node is not None
         node["spec"]["unschedulable"] = True
-        kube.emulator.put(node)
-    kube.emulator.put(fleet.workload("pretrain", "training", "h100", 16))
-    kube.emulator.put(fleet.workload("waiting", "training", "h100", 64, admitted=False))
+        kube.put(node)
+    kube.put(fleet.workload("pretrain", "training", "h100", 16))
+    kube.put(fleet.workload("waiting", "training", "h100", 64, admitted=False))
 
     held = await sync(client, task_queue, kube, quick_policy(tmp_path, kueue=KUEUE))
     assert held.outcome == "held" and int(quota(kube)) == 16
@@ -163,26 +163,26 @@ async def test_admitted_workloads_above_the_target_hold_the_cut_until_approved(c
 
 
 async def test_dry_run_reports_the_diff_and_changes_nothing(client: Client, task_queue: str,
-                                                            kube: KubeEmulatorThread, tmp_path: Path) -> None:
+                                                            kube: RealKube, tmp_path: Path) -> None:
     seed_kueue(kube, ["g1", "g2"], 64)
     report = await sync(client, task_queue, kube, quick_policy(tmp_path, kueue=KUEUE), dry_run=True)
     assert int(quota(kube)) == 64
-    assert [r for r in kube.emulator.mutations()] == []
+    assert [r for r in kube.mutations()] == []
     assert any(d.step == "compare" and d.result.startswith("training/h100: 64 → 16 GPUs") for d in report.decisions)
     assert "would set quota ClusterQueue training: h100 16" in report.actions
 
 
-async def test_kueue_not_installed_is_nothing_to_sync(client: Client, task_queue: str, kube: KubeEmulatorThread,
+async def test_kueue_not_installed_is_nothing_to_sync(client: Client, task_queue: str, kube: RealKube,
                                                       tmp_path: Path) -> None:
-    kube.emulator.inject("GET", "resourceflavors", status=404, times=1)
+    kube.inject("GET", "resourceflavors", status=404, times=1)
     report = await sync(client, task_queue, kube, quick_policy(tmp_path, kueue=KUEUE))
     assert report.outcome == "in-sync"
     assert any("Kueue is not installed" in d.result for d in report.decisions)
 
 
-def test_a_conflict_is_retried_on_the_fresh_object(kube: KubeEmulatorThread, tmp_path: Path) -> None:
+def test_a_conflict_is_retried_on_the_fresh_object(kube: RealKube, tmp_path: Path) -> None:
     seed_kueue(kube, ["g1"], 64)
-    conflict = kube.emulator.inject("PUT", "clusterqueues", status=409, times=1)
+    conflict = kube.inject("PUT", "clusterqueues", status=409, times=1)
     k8s = KubernetesActivities(lambda: load_api_client(str(kube.kubeconfig)),  # type: ignore[attr-defined]
                                quick_policy(tmp_path))
     slot = QuotaSlot(flavor="h100", group=0, flavor_index=0, resource_index=1, nominal=8)
@@ -190,16 +190,16 @@ def test_a_conflict_is_retried_on_the_fresh_object(kube: KubeEmulatorThread, tmp
     assert result.changed and int(quota(kube)) == 8
     # The first PUT met the 409 (answered by the fault proxy), the second reached the API server.
     assert conflict.times == 0
-    puts = [r for r in kube.emulator.mutations() if r.method.value == "PUT"]
+    puts = [r for r in kube.mutations() if r.method.value == "PUT"]
     assert len(puts) == 1 and puts[0].code == 200
     # Only the GPU quota changed: the cpu quota and the rest of the queue are as they were.
-    queue = kube.emulator.get(fleet.KUEUE, "ClusterQueue", "training")
+    queue = kube.get(fleet.KUEUE, "ClusterQueue", "training")
     assert queue is not None and queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0] == {
         "name": "cpu", "nominalQuota": "512"}
 
 
 async def test_the_schedule_exists_after_the_worker_starts_runs_and_pausing_stops_it(
-        client: Client, task_queue: str, kube: KubeEmulatorThread, tmp_path: Path,
+        client: Client, task_queue: str, kube: RealKube, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     from workers.worker import run_worker
 

@@ -29,7 +29,7 @@ def test_the_layers_hold() -> None:
 
 
 def test_the_wheel_carries_no_dev_stack(tmp_path: Path) -> None:
-    """What an operator installs (the wheel, and so the image): no emulator, no stand-in, no fake,
+    """What an operator installs (the wheel, and so the image): no stand-in, no fake,
     and none of the dev stack's dependencies outside the `dev` extra."""
     import shutil
     import zipfile

@@ -23,7 +23,7 @@ from activities.agent import AgentActivities
 from devstack import fleet
 from devstack.fake_nvml import FakeGpu, FakeNvml
 from devstack.fake_sysfs import write_fabric, write_port
-from devstack.kube_emulator import KubeEmulatorThread
+from devstack.kube_world import RealKube
 from devstack.slurm_cluster import free_port
 from fleetmedic.models import GpuResetRequest, Validate
 from fleetmedic.policy import Policy
@@ -251,15 +251,15 @@ async def test_without_a_token_resets_are_disabled(tmp_path: Path) -> None:
 
 
 @pytest.mark.not_worker_rbac  # the agent's own ServiceAccount (nodes get), not the worker's
-def test_the_cordon_check_reads_the_node_from_the_kubernetes_api(kube: KubeEmulatorThread) -> None:
-    kube.emulator.put(fleet.node("gpu-node-4"))
+def test_the_cordon_check_reads_the_node_from_the_kubernetes_api(kube: RealKube) -> None:
+    kube.put(fleet.node("gpu-node-4"))
     settings = Settings(kubeconfig=str(kube.kubeconfig))  # type: ignore[attr-defined]
     cordoned = node_cordon_reader(settings, "gpu-node-4")
     assert cordoned() is False
-    node = kube.emulator.get("v1", "Node", "gpu-node-4")
+    node = kube.get("v1", "Node", "gpu-node-4")
     assert node is not None
     node["spec"]["unschedulable"] = True
-    kube.emulator.put(node)
+    kube.put(node)
     assert cordoned() is True
 
 

@@ -20,7 +20,7 @@ RUNBOOKS = pytest.mark.parametrize("runbook", sorted(START))
 
 @RUNBOOKS
 async def test_opt_out_pod_stops_every_destructive_step(stack: Stack, runbook: str) -> None:
-    stack.kube.emulator.put(fleet.pod("precious", "gpu-node-1", labels={"fleetmedic.io/remediation": "disabled"}))
+    stack.kube.put(fleet.pod("precious", "gpu-node-1", labels={"fleetmedic.io/remediation": "disabled"}))
     report, _ = await stack.run("gpu-node-1", runbook=runbook)
     assert report.outcome == "opted-out"
     assert any(d.step == "record outcome" and "pod default/precious has fleetmedic.io/remediation=disabled"
@@ -36,7 +36,7 @@ async def test_dry_run_changes_nothing_and_the_audit_says_what_would_happen(stac
     report, handle = await stack.run("gpu-node-0", runbook=runbook, dry_run=True, policy=policy)
     assert report.outcome == "dry-run" and report.dry_run
     assert report.decisions[-1].result.startswith("dry-run: would have ended remediated")
-    assert stack.kube.emulator.mutations() == []
+    assert stack.kube.mutations() == []
     assert stack.provider.requests == []
     assert stack.slurm_state("gpu-node-0") == ("idle", "none")
     audit = render_markdown(timeline(stack.client, await handle.fetch_history()))

@@ -21,7 +21,7 @@ async def test_kept_for_inference_training_leaves_inference_stays_then_the_node_
         seen["taints"] = stack.taints(node)
         seen["unschedulable"] = stack.node(node)["spec"].get("unschedulable")
         seen["slurm"] = stack.slurm_state(node)[1], stack.slurm.node_states(node)
-        seen["serve"] = stack.kube.emulator.get("v1", "Pod", f"serve-{node}", "inference")
+        seen["serve"] = stack.kube.get("v1", "Pod", f"serve-{node}", "inference")
 
     report, _ = await stack.run(node, runbook="nvlink-fault-replace", during=while_replaced, replace_s=4)
     assert report.outcome == "remediated", report.decisions
@@ -29,7 +29,7 @@ async def test_kept_for_inference_training_leaves_inference_stays_then_the_node_
     assert "DOWN" in seen["slurm"][1] and seen["slurm"][0].startswith("fleetmedic: NVLink errors on GPU 3")
     assert seen["serve"] is not None
     assert stack.evicted() == [f"training/trainer-{node}"]
-    assert stack.kube.emulator.get("v1", "Pod", f"serve-{node}", "inference") is not None
+    assert stack.kube.get("v1", "Pod", f"serve-{node}", "inference") is not None
     # After replacement and validation: the taint is gone, the hold released, Slurm RESUMEd.
     after = stack.node(node)
     assert not stack.taints(node) and not after["spec"].get("unschedulable")

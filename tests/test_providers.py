@@ -1,4 +1,5 @@
-"""Node providers: http (against its stand-in), cluster-api and karpenter (against the emulator), manual."""
+"""Node providers: http (against its stand-in), cluster-api and karpenter (against the real apiserver
+and their CRDs), manual."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def test_dry_run_reaches_no_provider(provider_http: ProviderStandIn) -> None:
     assert provider_http.requests == []
 
 
-CAPI = "cluster.x-k8s.io/v1beta1"
+CAPI = "cluster.x-k8s.io/v1beta2"
 
 
 def capi_machine(kube: RealKube, name: str = "md-0-abc", node: str = "n1", *, healthy: int = 10,
@@ -204,15 +205,15 @@ def test_cluster_api_server_error_is_retryable(kube: RealKube) -> None:
 
 
 def test_karpenter_deletes_the_nodeclaim(kube: RealKube) -> None:
-    kube.emulator.put(fleet.node("n1", labels={"karpenter.sh/nodepool": "gpu"}))
+    kube.put(fleet.node("n1", labels={"karpenter.sh/nodepool": "gpu"}))
     for name, node in (("gpu-x1", "n1"), ("gpu-x2", "n2")):
-        kube.emulator.put(fleet.nodeclaim(name, node=node))
+        kube.put(fleet.nodeclaim(name, node=node))
     provider = KarpenterProvider(lambda: load_api_client(str(kube.kubeconfig)),  # type: ignore[attr-defined]
                                  KarpenterProviderPolicy(), 5)
     assert provider.request(request()).reference == "gpu-x1"
-    assert [c["metadata"]["name"] for c in kube.emulator.list("karpenter.sh/v1", "NodeClaim")] == ["gpu-x2"]
+    assert [c["metadata"]["name"] for c in kube.list("karpenter.sh/v1", "NodeClaim")] == ["gpu-x2"]
     assert "already deleted" in provider.request(request()).detail
-    kube.emulator.put(fleet.node("n3"))
+    kube.put(fleet.node("n3"))
     with pytest.raises(ApplicationError) as err:
         provider.request(request(node="n3"))
     assert err.value.type == "Invalid"

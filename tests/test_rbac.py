@@ -1,6 +1,6 @@
 """Least privilege, checked against reality.
 
-Every request the worker's adapters sent to the Kubernetes emulator during this test session was
+Every request the worker's adapters sent to the Kubernetes apiserver during this test session was
 recorded (tests/rbac.py). The worker's ClusterRole, as `kubectl kustomize` renders it, must allow
 each of them, and — when the whole suite ran — nothing beyond them. The webhook has no Kubernetes
 access at all; the agent may only read nodes.
@@ -72,3 +72,37 @@ def test_the_webhook_has_no_kubernetes_access_and_the_agent_only_reads_nodes() -
     bound = {(s["name"], o["roleRef"]["name"]) for o in bindings for s in o["subjects"]}
     assert bound == {("fleetmedic-worker", "fleetmedic-worker"), ("fleetmedic-agent", "fleetmedic-agent")}
     assert allowed_by(find(objects, "ClusterRole", "fleetmedic-agent")) == {("get", "", "nodes")}
+
+
+# Kueue's move from v1beta1 (deprecated in Kueue 0.17) to v1beta2 is its own change (issue 41).
+NOT_YET_MOVED = {"kueue.x-k8s.io"}
+
+
+def crd_versions() -> dict[tuple[str, str], dict[str, bool]]:
+    """(group, plural) → {served version: deprecated?}, from the CRDs the test control plane installs."""
+    from devstack.kube_cluster import cache_dir
+
+    found: dict[tuple[str, str], dict[str, bool]] = {}
+    for path in sorted((cache_dir() / "crds").glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            if not crd or crd.get("kind") != "CustomResourceDefinition":
+                continue
+            spec = crd["spec"]
+            found[(spec["group"], spec["names"]["plural"])] = {
+                v["name"]: bool(v.get("deprecated")) for v in spec["versions"] if v.get("served")}
+    return found
+
+
+def test_the_worker_calls_no_deprecated_api_version(request: pytest.FixtureRequest) -> None:
+    """Every custom resource version the worker called (the apiserver's audit log, all suite long) is
+    one its installed CRD serves without deprecating it: Cluster API through v1beta2, Karpenter v1."""
+    served = crd_versions()
+    require(bool(served), "the CRDs scripts/install-kube installs")
+    ran = {item.module.__name__.rsplit(".", 1)[-1] for item in request.session.items if item.module}
+    if not {"test_providers", "test_replacements"} <= ran:
+        pytest.skip("the provider tests did not run in this session: no Cluster API or Karpenter call to judge")
+    called = sorted(c for c in rbac.VERSIONS if (c[0], c[2]) in served)
+    groups = {group for group, _, _ in called}
+    assert {"cluster.x-k8s.io", "karpenter.sh"} <= groups, called  # the recording covers the providers
+    deprecated = [c for c in called if c[0] not in NOT_YET_MOVED and served[(c[0], c[2])].get(c[1], True)]
+    assert not deprecated, f"the worker calls API versions its CRDs deprecate (or do not serve): {deprecated}"

@@ -164,7 +164,7 @@ async def test_a_replacement_under_a_new_name_serves_and_training_resumes_there(
     # What the provider did, counted from its side.
     if provider == "cluster-api":
         assert done.removed == ["gpu-md-0-abc12"] and len(done.created) == 1
-        machines = stack.kube.list("cluster.x-k8s.io/v1beta1", "Machine", CAPI_NAMESPACE)
+        machines = stack.kube.list("cluster.x-k8s.io/v1beta2", "Machine", CAPI_NAMESPACE)
         assert [m["metadata"]["annotations"]["fleetmedic.io/replaces"] for m in machines] == [OLD]
     elif provider == "karpenter":
         assert done.removed == ["gpu-x7k2p"] and len(done.created) == 1
@@ -228,7 +228,7 @@ async def test_an_abort_ends_the_search_for_a_replacement_at_once(replacing: Sta
                           grace={"node_ready_deadline": "30m"}, retries={"wait_heartbeat": "10s"})
     job_on(stack.slurm, stack.slurm.submit(CHECKPOINTING_JOB.format(root=policy.storage.root)))
 
-    machines = f"/apis/cluster.x-k8s.io/v1beta1/namespaces/{CAPI_NAMESPACE}/machines"
+    machines = f"/apis/cluster.x-k8s.io/v1beta2/namespaces/{CAPI_NAMESPACE}/machines"
 
     def provider_looks() -> int:  # the search's looks, as the API server saw them
         return sum(1 for r in stack.kube.requests(("worker",)) if r.verb == "list" and r.url.path == machines)

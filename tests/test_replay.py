@@ -1,8 +1,9 @@
 """Saved histories of finished runs replay against the current workflow code.
 
-A change to a runbook that would break a run in flight fails here; such a change must go behind
-`workflow.patched(...)`. Regenerate the files (only for a deliberate, versioned change) with
-`FLEETMEDIC_SAVE_HISTORIES=tests/histories pytest tests/test_<runbook>.py` and rename them.
+They were recorded from 0.1.0 (docs/upgrading.md). A change to a runbook that would break a run in
+flight fails here; such a change ships behind `workflow.patched(...)` as docs/upgrading.md says, and
+adds a history of its own. Record one with `FLEETMEDIC_SAVE_HISTORIES=tests/histories pytest
+tests/test_<runbook>.py -k <test>` and rename it after its scenario.
 """
 
 from __future__ import annotations
@@ -44,48 +45,28 @@ async def test_saved_history_replays(path: Path) -> None:
 
 
 def test_there_are_histories_to_replay() -> None:
-    assert {p.stem for p in HISTORIES} >= {"xid-recovery-remediated", "xid-recovery-aborted", "xid-recovery-shadow",
-                                           "hot-gpu-pull-remediated", "hot-gpu-pull-recovered",
-                                           "nvlink-fault-replace-kept-for-inference", "traffic-flip-flipped",
-                                           "migrate-back-migrated", "kueue-quota-sync-cut-approved",
-                                           # the safety model in the base (#16)
-                                           "xid-recovery-signal-then-down", "xid-recovery-drain-blocked-skipped",
-                                           "xid-recovery-dry-run-outcome", "migrate-back-within-minimum",
-                                           # protective first (#20)
-                                           "xid-recovery-protective-kill", "xid-recovery-protective-while-paused",
-                                           "nvlink-fault-replace-protective-taint", "hot-gpu-pull-protective",
-                                           # waits that hold no thread (#20)
-                                           "migrate-back-waits-queue", "xid-recovery-new-name-waits-queue",
-                                           "xid-recovery-protective-lemon",
-                                           # replacements under new names, burn-in (#17)
-                                           "xid-recovery-replaced-new-name", "xid-recovery-no-replacement",
-                                           "xid-recovery-burn-in-failed",
-                                           # the Slack thread after the protective step (#20)
-                                           "xid-recovery-slack-after-protect", "hot-gpu-pull-slack-after-protect",
-                                           "nvlink-fault-replace-slack-after-protect",
-                                           # the fleet guard, continued-as-new, before and after its patches
-                                           # were decided ahead of its local activity (workflows/patches.py);
-                                           # the second one's policy result came a workflow task after its marker
-                                           "fleet-guard-continued-as-new", "fleet-guard-patches-decided-first",
-                                           # every runbook's patches decided before its local activities
-                                           "xid-recovery-patches-decided-first", "hot-gpu-pull-patches-decided-first",
-                                           "nvlink-fault-replace-patches-decided-first",
-                                           "migrate-back-patches-decided-first",
-                                           # the lemon count reads the protective step's read of the node (#20)
-                                           "xid-recovery-lemon-from-protective-read",
-                                           # the protective step a local activity in the run's workflow
-                                           # task, the second fold of patches (#20)
-                                           "xid-recovery-protective-local-activity",
-                                           "hot-gpu-pull-protective-local-activity",
-                                           "nvlink-fault-replace-protective-local-activity",
-                                           # the fleet guard's signals, a batch a workflow task (#20)
-                                           "fleet-guard-signals-in-batches",
-                                           # a wait spans its deadline, ended by an abort or an
-                                           # operator's `replaced`, the third fold (#20)
-                                           "xid-recovery-waits-span-deadline", "xid-recovery-search-aborted",
-                                           "xid-recovery-replacement-named-by-operator",
-                                           # an abort cancels a drain or a batch coming home (#20)
-                                           "xid-recovery-drain-aborted", "migrate-back-batch-aborted"}
+    """Recorded from 0.1.0 (docs/upgrading.md), named by scenario: every runbook and the guard, each
+    way a run can end, and each kind of wait a run can be in when a worker is replaced."""
+    assert {p.stem for p in HISTORIES} >= {
+        # how a node runbook ends
+        "xid-recovery-remediated", "xid-recovery-aborted", "xid-recovery-shadow", "xid-recovery-dry-run-outcome",
+        "xid-recovery-opted-out", "xid-recovery-quarantined", "xid-recovery-lemon", "xid-recovery-notified",
+        "xid-recovery-burst-escalated", "xid-recovery-rejected", "hot-gpu-pull-remediated", "hot-gpu-pull-recovered",
+        "nvlink-fault-replace-kept-for-inference", "nvlink-fault-replace-drained-fully",
+        # the safety model in the base: the gate, pauses, approvals, escalations
+        "xid-recovery-signal-then-down", "xid-recovery-drain-blocked-skipped", "xid-recovery-protective-while-paused",
+        "xid-recovery-pause-mid-run", "xid-recovery-approved", "xid-recovery-approval-timeout",
+        "xid-recovery-protect-escalated-retried", "xid-recovery-slurm-outage", "hot-gpu-pull-fault-gone-in-line",
+        # replacements, followed under new names, and burn-in
+        "xid-recovery-new-name-cluster-api", "xid-recovery-new-name-karpenter", "xid-recovery-new-name-http",
+        "xid-recovery-new-name-manual", "xid-recovery-no-replacement", "xid-recovery-replacement-named-by-operator",
+        "xid-recovery-repaired-in-place", "xid-recovery-burn-in-passed", "xid-recovery-burn-in-failed",
+        # an abort ends a long step at once
+        "xid-recovery-drain-aborted", "xid-recovery-search-aborted", "xid-recovery-burn-in-aborted",
+        "migrate-back-batch-aborted", "traffic-flip-stop-wait-aborted",
+        # traffic, Kueue and the guard
+        "traffic-flip-flipped", "migrate-back-migrated", "kueue-quota-sync-cut-approved",
+        "xid-recovery-remediated-kueue-sync", "fleet-guard-grants-in-batches"}
 
 
 @workflow.defn(name="xid-recovery", sandboxed=False)

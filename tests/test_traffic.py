@@ -20,7 +20,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 
 from devstack import fleet
 from devstack.kube_world import RealKube
-from devstack.replicas import deployment, replica_controller, virtual_node
+from devstack.replicas import deployment, virtual_node
 from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.ids import cluster_workflow_id, guard_workflow_id
 from fleetmedic.models import EscalationAnswer, GuardState, Operator, RunbookStatus
@@ -51,12 +51,12 @@ class Sampler:
     stop: threading.Event = field(default_factory=threading.Event)
 
     def ready(self) -> int:
-        return sum(1 for p in self.kube.emulator.list("v1", "Pod", "inference") if pod_ready(p))
+        return sum(1 for p in self.kube.list("v1", "Pod", "inference") if pod_ready(p))
 
     def run(self) -> None:
         while not self.stop.is_set():
             self.min_ready = min(self.min_ready, self.ready())
-            node = self.kube.emulator.get("v1", "Node", "virtual-gpu")
+            node = self.kube.get("v1", "Node", "virtual-gpu")
             for taint in (node or {}).get("spec", {}).get("taints") or []:
                 if taint["key"] == "fleetmedic.io/overflow":
                     self.effects.add(taint["effect"])
@@ -77,7 +77,7 @@ class World:
         return quick_policy(self.tmp_path, traffic=values, **({"retries": retries} if retries else {}))
 
     def on(self, where: str) -> list[dict[str, Any]]:
-        pods = self.kube.emulator.list("v1", "Pod", "inference")
+        pods = self.kube.list("v1", "Pod", "inference")
         if where == "virtual":
             return [p for p in pods if p["spec"].get("nodeName") == "virtual-gpu"]
         return [p for p in pods if p["spec"].get("nodeName") in HOME_NODES]
@@ -95,19 +95,19 @@ class World:
         return len(pods) == REPLICAS and all(pod_ready(p) for p in pods)
 
     def overflow(self) -> list[dict[str, Any]]:
-        node = self.kube.emulator.get("v1", "Node", "virtual-gpu")
+        node = self.kube.get("v1", "Node", "virtual-gpu")
         assert node is not None
         return [t for t in node["spec"].get("taints") or [] if t["key"] == "fleetmedic.io/overflow"]
 
     def admit_training(self, nodes: list[str]) -> None:
         """Kueue admits a high-priority training job; its pods take `nodes` (the scheduler preempts
         inference there through evictions, PDB honoured)."""
-        self.kube.emulator.put(fleet.workload("pretrain", "training", "h100", 8 * len(nodes), priority=1000))
+        self.kube.put(fleet.workload("pretrain", "training", "h100", 8 * len(nodes), priority=1000))
         for name in nodes:
-            self.kube.emulator.put(fleet.pod(f"pretrain-{name}", name, namespace="training", owner_kind="Job",
+            self.kube.put(fleet.pod(f"pretrain-{name}", name, namespace="training", owner_kind="Job",
                                              gpus=8))
         api = k8s.CoreV1Api(self.kube.api)  # the scheduler's preemption, not FleetMedic: the admin identity
-        for pod in [p for p in self.kube.emulator.list("v1", "Pod", "inference") if p["spec"].get("nodeName") in nodes]:
+        for pod in [p for p in self.kube.list("v1", "Pod", "inference") if p["spec"].get("nodeName") in nodes]:
             body = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=pod["metadata"]["name"], namespace="inference"))
             while True:
                 try:
@@ -129,8 +129,8 @@ class World:
 def world(client: Client, task_queue: str, kube: RealKube, slack: SlackStandIn,
           tmp_path: Path) -> Iterator[World]:
     for name in HOME_NODES:
-        kube.emulator.put(fleet.node(name))
-    kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"}, min_available=MINIMUM))
+        kube.put(fleet.node(name))
+    kube.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"}, min_available=MINIMUM))
     yield World(client, task_queue, kube, slack, tmp_path)
 
 
@@ -148,13 +148,13 @@ def start_sampling(s: Sampler) -> None:
 def fill_home_with_training(world: World) -> None:
     """Training holds every home GPU (so inference, when it starts, lands on the open virtual node)."""
     for name in HOME_NODES:
-        world.kube.emulator.put(fleet.pod(f"old-train-{name}", name, namespace="training", owner_kind="Job", gpus=8))
+        world.kube.put(fleet.pod(f"old-train-{name}", name, namespace="training", owner_kind="Job", gpus=8))
 
 
 def training_finishes(world: World) -> None:
     world.wait(lambda: world.all_home_ready("virtual"), what="inference placed away")
     for name in HOME_NODES:
-        world.kube.emulator.remove("v1", "Pod", f"old-train-{name}", "training")
+        world.kube.remove("v1", "Pod", f"old-train-{name}", "training")
 
 
 def settings(world: World) -> Any:
@@ -163,23 +163,22 @@ def settings(world: World) -> Any:
 
 async def test_training_admitted_opens_the_virtual_node_and_inference_moves_without_dropping(
         world: World, sampler: Sampler) -> None:
-    world.kube.emulator.put(virtual_node(overflow_closed=True))
-    world.kube.emulator.put(deployment("serve", REPLICAS))
-    with replica_controller(world.kube):
-        world.wait(lambda: world.all_home_ready("home"), what="inference starts at home")
-        start_sampling(sampler)
-        async with worker_for(world.client, settings(world), world.policy()):
-            world.kube.emulator.put(fleet.workload("pretrain", "training", "h100", 32, priority=1000))
-            handle = await world.start("traffic-flip")
-            again = await world.start("traffic-flip")  # a duplicate trigger attaches to the same run
-            assert again.result_run_id == handle.result_run_id
-            await status_when(handle, lambda s: s.step == "watch inference")
-            assert world.overflow() == []
-            await asyncio.to_thread(world.admit_training, HOME_NODES[:4])
-            await asyncio.to_thread(world.wait, lambda: len(world.on("virtual")) == 32 and sampler.ready() == REPLICAS,
-                                    60, "inference re-homed on the virtual node")
-            report = await asyncio.wait_for(handle.result(), 60)
-            await save_history(handle)
+    world.kube.put(virtual_node(overflow_closed=True))
+    world.kube.put(deployment("serve", REPLICAS))
+    world.wait(lambda: world.all_home_ready("home"), what="inference starts at home")
+    start_sampling(sampler)
+    async with worker_for(world.client, settings(world), world.policy()):
+        world.kube.put(fleet.workload("pretrain", "training", "h100", 32, priority=1000))
+        handle = await world.start("traffic-flip")
+        again = await world.start("traffic-flip")  # a duplicate trigger attaches to the same run
+        assert again.result_run_id == handle.result_run_id
+        await status_when(handle, lambda s: s.step == "watch inference")
+        assert world.overflow() == []
+        await asyncio.to_thread(world.admit_training, HOME_NODES[:4])
+        await asyncio.to_thread(world.wait, lambda: len(world.on("virtual")) == 32 and sampler.ready() == REPLICAS,
+                                60, "inference re-homed on the virtual node")
+        report = await asyncio.wait_for(handle.result(), 60)
+        await save_history(handle)
     assert report.outcome == "flipped", report.decisions
     assert any("training training/pretrain (32 GPUs) leaves 8 of 40 GPUs; inference needs 40" in d.result
                for d in report.decisions)
@@ -189,23 +188,22 @@ async def test_training_admitted_opens_the_virtual_node_and_inference_moves_with
 
 async def test_training_finished_forty_pods_come_home_in_batches_never_below_the_minimum(
         world: World, sampler: Sampler) -> None:
-    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    world.kube.put(virtual_node(overflow_closed=False))
     fill_home_with_training(world)  # first: the scheduler places the Deployment's pods the moment it exists
-    world.kube.emulator.put(deployment("serve", REPLICAS))
+    world.kube.put(deployment("serve", REPLICAS))
     # A PDB far looser than the policy's minimum: FleetMedic's own batching is what holds 36 of 40.
-    world.kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
+    world.kube.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
                                       min_available=20))
-    with replica_controller(world.kube):
-        training_finishes(world)
-        start_sampling(sampler)
-        async with worker_for(world.client, settings(world), world.policy(batch_size=5)):
-            migrate = await world.start("migrate-back")
-            report = await asyncio.wait_for(migrate.result(), 120)
-            await save_history(migrate)
-            gated = assert_gated(await migrate.fetch_history())
-        world.wait(lambda: world.all_home_ready("home"), what="all home and ready")
-        # Evicted pods take their grace period to go (a kubelet's SIGTERM, then the pod object).
-        world.wait(lambda: world.on("virtual") == [], what="the pods moved home have left the virtual node")
+    training_finishes(world)
+    start_sampling(sampler)
+    async with worker_for(world.client, settings(world), world.policy(batch_size=5)):
+        migrate = await world.start("migrate-back")
+        report = await asyncio.wait_for(migrate.result(), 120)
+        await save_history(migrate)
+        gated = assert_gated(await migrate.fetch_history())
+    world.wait(lambda: world.all_home_ready("home"), what="all home and ready")
+    # Evicted pods take their grace period to go (a kubelet's SIGTERM, then the pod object).
+    world.wait(lambda: world.on("virtual") == [], what="the pods moved home have left the virtual node")
     assert report.outcome == "migrated", report.decisions
     assert sampler.min_ready >= MINIMUM, sampler.min_ready
     assert sampler.effects == {"NoSchedule"}  # closed again, and never with NoExecute
@@ -216,22 +214,21 @@ async def test_training_finished_forty_pods_come_home_in_batches_never_below_the
 
 
 async def test_training_again_mid_migration_stops_it_within_a_batch_and_the_flip_runs(world: World) -> None:
-    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    world.kube.put(virtual_node(overflow_closed=False))
     fill_home_with_training(world)  # first: the scheduler places the Deployment's pods the moment it exists
-    world.kube.emulator.put(deployment("serve", REPLICAS))
-    with replica_controller(world.kube):
-        training_finishes(world)
-        async with worker_for(world.client, settings(world), world.policy(batch_size=5, batch_pause="1s")):
-            migrate = await world.start("migrate-back")
-            await status_when(migrate, lambda s: sum(d.result.startswith("evicted") for d in s.decisions) >= 2)
-            world.kube.emulator.put(fleet.workload("pretrain", "training", "h100", 32, priority=1000))
-            flip = await world.start("traffic-flip")
-            migrated = await asyncio.wait_for(migrate.result(), 60)
-            flipped = await asyncio.wait_for(flip.result(), 60)
-        # No pod is left without a home: every replica runs somewhere and is Ready.
-        world.wait(lambda: sum(1 for p in world.kube.emulator.list("v1", "Pod", "inference")
-                               if p["spec"].get("nodeName") and pod_ready(p))
-                   == REPLICAS, what="every replica has a home")
+    world.kube.put(deployment("serve", REPLICAS))
+    training_finishes(world)
+    async with worker_for(world.client, settings(world), world.policy(batch_size=5, batch_pause="1s")):
+        migrate = await world.start("migrate-back")
+        await status_when(migrate, lambda s: sum(d.result.startswith("evicted") for d in s.decisions) >= 2)
+        world.kube.put(fleet.workload("pretrain", "training", "h100", 32, priority=1000))
+        flip = await world.start("traffic-flip")
+        migrated = await asyncio.wait_for(migrate.result(), 60)
+        flipped = await asyncio.wait_for(flip.result(), 60)
+    # No pod is left without a home: every replica runs somewhere and is Ready.
+    world.wait(lambda: sum(1 for p in world.kube.list("v1", "Pod", "inference")
+                           if p["spec"].get("nodeName") and pod_ready(p))
+               == REPLICAS, what="every replica has a home")
     assert migrated.outcome == "stopped", migrated.decisions
     stop_at = next(d.at for d in flipped.decisions if d.step == "stop migrate-back")
     after_stop = [d for d in migrated.decisions if d.result.startswith("evicted") and d.at > stop_at]
@@ -244,23 +241,22 @@ async def test_training_again_mid_migration_stops_it_within_a_batch_and_the_flip
 
 async def test_migrate_back_waits_out_a_fleet_pause_and_an_abort_ends_it(world: World) -> None:
     """The fleet pause reaches a runbook that holds no lease: it asks the guard at each gate."""
-    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    world.kube.put(virtual_node(overflow_closed=False))
     fill_home_with_training(world)
-    world.kube.emulator.put(deployment("serve", REPLICAS))
-    with replica_controller(world.kube):
-        training_finishes(world)
-        async with worker_for(world.client, settings(world), world.policy()):
-            await world.client.start_workflow(  # `fleetmedic pause`: the guard starts paused
-                "fleet-guard", GuardState(cluster=world.task_queue), id=guard_workflow_id(world.task_queue),
-                task_queue=world.task_queue, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                start_signal="pause", start_signal_args=[Operator(by="dana", reason="change freeze")])
-            migrate = await world.start("migrate-back")
-            status = await status_when(migrate, lambda s: "fleet paused by dana" in (s.waiting_for or ""))
-            assert status.step == "close the virtual node" and status.paused is not None
-            await asyncio.sleep(2)
-            assert world.overflow() == [] and len(world.on("virtual")) == REPLICAS  # nothing changed
-            await migrate.signal("abort", Operator(by="dana", reason="not today"))
-            report = await asyncio.wait_for(migrate.result(), 60)
+    world.kube.put(deployment("serve", REPLICAS))
+    training_finishes(world)
+    async with worker_for(world.client, settings(world), world.policy()):
+        await world.client.start_workflow(  # `fleetmedic pause`: the guard starts paused
+            "fleet-guard", GuardState(cluster=world.task_queue), id=guard_workflow_id(world.task_queue),
+            task_queue=world.task_queue, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            start_signal="pause", start_signal_args=[Operator(by="dana", reason="change freeze")])
+        migrate = await world.start("migrate-back")
+        status = await status_when(migrate, lambda s: "fleet paused by dana" in (s.waiting_for or ""))
+        assert status.step == "close the virtual node" and status.paused is not None
+        await asyncio.sleep(2)
+        assert world.overflow() == [] and len(world.on("virtual")) == REPLICAS  # nothing changed
+        await migrate.signal("abort", Operator(by="dana", reason="not today"))
+        report = await asyncio.wait_for(migrate.result(), 60)
     assert report.outcome == "aborted", report.decisions
     assert len(world.on("virtual")) == REPLICAS
 
@@ -270,28 +266,27 @@ async def test_an_abort_ends_a_batch_that_waits_out_a_pdb_at_once(world: World) 
     lets no pod go, evicting again whenever it would. An operator's abort ends the run at once, and
     the evictions stop at the batch's next heartbeat (every 8 s, whatever `wait_heartbeat` is):
     every pod stays where it serves."""
-    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    world.kube.put(virtual_node(overflow_closed=False))
     fill_home_with_training(world)
-    world.kube.emulator.put(deployment("serve", REPLICAS))
-    world.kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
+    world.kube.put(deployment("serve", REPLICAS))
+    world.kube.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
                                       min_available=REPLICAS))
 
     def evictions_tried() -> int:  # as the API server saw them
         return sum(1 for r in world.kube.requests(("worker",)) if r.url.path.endswith("/eviction"))
 
-    with replica_controller(world.kube):
-        training_finishes(world)
-        policy = world.policy(batch_timeout="10m")  # the default wait_heartbeat: 2 minutes
-        async with worker_for(world.client, settings(world), policy):
-            migrate = await world.start("migrate-back")
-            await status_when(migrate, lambda s: s.step == "move a batch home" and evictions_tried() >= 10,
-                              timeout=120)
-            await migrate.signal("abort", Operator(by="dana", reason="serve is mid-rollout"))
-            report = await asyncio.wait_for(migrate.result(), 60)
-            await save_history(migrate)
-            # The worker still runs: no eviction for longer than two of the batch's 5-second backoffs.
-            await until_quiet(evictions_tried, 12, "the batch's evictions")
-            history = await migrate.fetch_history()
+    training_finishes(world)
+    policy = world.policy(batch_timeout="10m")  # the default wait_heartbeat: 2 minutes
+    async with worker_for(world.client, settings(world), policy):
+        migrate = await world.start("migrate-back")
+        await status_when(migrate, lambda s: s.step == "move a batch home" and evictions_tried() >= 10,
+                          timeout=120)
+        await migrate.signal("abort", Operator(by="dana", reason="serve is mid-rollout"))
+        report = await asyncio.wait_for(migrate.result(), 60)
+        await save_history(migrate)
+        # The worker still runs: no eviction for longer than two of the batch's 5-second backoffs.
+        await until_quiet(evictions_tried, 12, "the batch's evictions")
+        history = await migrate.fetch_history()
     assert report.outcome == "aborted", report.decisions
     [batch] = scheduled_events(history, "traffic.evict")
     assert cancels_requested(history) == [batch.event_id]
@@ -302,29 +297,28 @@ async def test_an_abort_ends_the_wait_for_the_other_runbook_to_stop_at_once(worl
     """traffic-flip asks migrate-back to stop and waits up to 15 minutes for it to close. Here
     migrate-back cannot close yet (it waits out a fleet pause before its next change). An operator
     who aborts the flip ends it at once, having changed nothing, not when the wait runs out."""
-    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    world.kube.put(virtual_node(overflow_closed=False))
     fill_home_with_training(world)
-    world.kube.emulator.put(deployment("serve", REPLICAS))
-    with replica_controller(world.kube):
-        training_finishes(world)
-        async with worker_for(world.client, settings(world), world.policy(retries={"call_timeout": "10s"})):
-            await world.client.start_workflow(  # `fleetmedic pause`: the guard starts paused
-                "fleet-guard", GuardState(cluster=world.task_queue), id=guard_workflow_id(world.task_queue),
-                task_queue=world.task_queue, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                start_signal="pause", start_signal_args=[Operator(by="dana", reason="change freeze")])
-            migrate = await world.start("migrate-back")
-            await status_when(migrate, lambda s: "fleet paused by dana" in (s.waiting_for or ""))
-            world.kube.emulator.put(fleet.workload("pretrain", "training", "h100", 32, priority=1000))
-            flip = await world.start("traffic-flip")
-            await status_when(flip, lambda s: s.step == "stop migrate-back")
-            await asyncio.sleep(2)  # well into the wait: migrate-back, paused, does not close
-            assert (await migrate.describe()).status == WorkflowExecutionStatus.RUNNING
-            await flip.signal("abort", Operator(by="erin", reason="wrong cluster"))
-            flipped = await asyncio.wait_for(flip.result(), 30)
-            await save_history(flip)
-            history = await flip.fetch_history()
-            await migrate.signal("abort", Operator(by="dana", reason="test over"))
-            await asyncio.wait_for(migrate.result(), 60)
+    world.kube.put(deployment("serve", REPLICAS))
+    training_finishes(world)
+    async with worker_for(world.client, settings(world), world.policy(retries={"call_timeout": "10s"})):
+        await world.client.start_workflow(  # `fleetmedic pause`: the guard starts paused
+            "fleet-guard", GuardState(cluster=world.task_queue), id=guard_workflow_id(world.task_queue),
+            task_queue=world.task_queue, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            start_signal="pause", start_signal_args=[Operator(by="dana", reason="change freeze")])
+        migrate = await world.start("migrate-back")
+        await status_when(migrate, lambda s: "fleet paused by dana" in (s.waiting_for or ""))
+        world.kube.put(fleet.workload("pretrain", "training", "h100", 32, priority=1000))
+        flip = await world.start("traffic-flip")
+        await status_when(flip, lambda s: s.step == "stop migrate-back")
+        await asyncio.sleep(2)  # well into the wait: migrate-back, paused, does not close
+        assert (await migrate.describe()).status == WorkflowExecutionStatus.RUNNING
+        await flip.signal("abort", Operator(by="erin", reason="wrong cluster"))
+        flipped = await asyncio.wait_for(flip.result(), 30)
+        await save_history(flip)
+        history = await flip.fetch_history()
+        await migrate.signal("abort", Operator(by="dana", reason="test over"))
+        await asyncio.wait_for(migrate.result(), 60)
     assert flipped.outcome == "stopped", flipped.decisions
     assert any("erin" in d.result and "wrong cluster" in d.result for d in flipped.decisions), flipped.decisions
     [wait] = scheduled_events(history, "traffic.stop_runbook")
@@ -334,86 +328,82 @@ async def test_an_abort_ends_the_wait_for_the_other_runbook_to_stop_at_once(worl
 
 
 async def test_an_opted_out_namespace_stays_on_the_virtual_node(world: World) -> None:
-    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    world.kube.put(virtual_node(overflow_closed=False))
     fill_home_with_training(world)
-    world.kube.emulator.put(deployment("serve", REPLICAS))
-    namespace = world.kube.emulator.get("v1", "Namespace", "inference")
+    world.kube.put(deployment("serve", REPLICAS))
+    namespace = world.kube.get("v1", "Namespace", "inference")
     assert namespace is not None
     labels = namespace["metadata"].setdefault("labels", {})
     try:
         labels["fleetmedic.io/remediation"] = "disabled"
-        world.kube.emulator.put(namespace)
-        with replica_controller(world.kube):
-            training_finishes(world)
-            async with worker_for(world.client, settings(world), world.policy()):
-                report = await asyncio.wait_for((await world.start("migrate-back")).result(), 60)
+        world.kube.put(namespace)
+        training_finishes(world)
+        async with worker_for(world.client, settings(world), world.policy()):
+            report = await asyncio.wait_for((await world.start("migrate-back")).result(), 60)
     finally:
         labels.pop("fleetmedic.io/remediation", None)
-        world.kube.emulator.put(namespace)
+        world.kube.put(namespace)
     assert report.outcome == "migrated", report.decisions
     assert "0 pod(s) home" in report.decisions[-1].result
     assert "namespace inference has fleetmedic.io/remediation=disabled" in report.decisions[-1].result
     assert len(world.on("virtual")) == REPLICAS
-    assert not [m for m in world.kube.emulator.mutations() if m.url.path.endswith("/eviction")]
+    assert not [m for m in world.kube.mutations() if m.url.path.endswith("/eviction")]
 
 
 async def test_a_failed_slo_gate_pauses_the_migration_and_escalates(world: World) -> None:
-    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    world.kube.put(virtual_node(overflow_closed=False))
     fill_home_with_training(world)  # first: the scheduler places the Deployment's pods the moment it exists
-    world.kube.emulator.put(deployment("serve", REPLICAS))
+    world.kube.put(deployment("serve", REPLICAS))
     # The service's owners froze it: its PDB allows no disruption at all.
-    world.kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
+    world.kube.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"},
                                       min_available=REPLICAS))
-    with replica_controller(world.kube):
-        training_finishes(world)
-        async with worker_for(world.client, settings(world), world.policy(batch_timeout="3s")):
-            migrate = await world.start("migrate-back")
-            status = await status_when(migrate, lambda s: s.escalation is not None)
-            assert status.escalation is not None and status.escalation.step == "SLO gate"
-            assert "could not evict 4 pod(s)" in status.escalation.error and "PodDisruptionBudget" in \
-                status.escalation.error and "paused" in status.escalation.error
-            await migrate.signal("answer", EscalationAnswer(action="abort", by="sre", reason="service frozen"))
-            report = await asyncio.wait_for(migrate.result(), 60)
+    training_finishes(world)
+    async with worker_for(world.client, settings(world), world.policy(batch_timeout="3s")):
+        migrate = await world.start("migrate-back")
+        status = await status_when(migrate, lambda s: s.escalation is not None)
+        assert status.escalation is not None and status.escalation.step == "SLO gate"
+        assert "could not evict 4 pod(s)" in status.escalation.error and "PodDisruptionBudget" in \
+            status.escalation.error and "paused" in status.escalation.error
+        await migrate.signal("answer", EscalationAnswer(action="abort", by="sre", reason="service frozen"))
+        report = await asyncio.wait_for(migrate.result(), 60)
     assert report.outcome == "aborted"
     assert any("@oncall" in m["text"] and "SLO gate" in m["text"] for m in world.slack.messages)
     assert len(world.on("virtual")) == REPLICAS  # nobody was moved
 
 
 async def test_nothing_to_do_is_recorded_without_touching_anything(world: World) -> None:
-    world.kube.emulator.put(virtual_node(overflow_closed=True))
-    world.kube.emulator.put(deployment("serve", REPLICAS))
-    with replica_controller(world.kube):
-        world.wait(lambda: world.all_home_ready("home"), what="inference at home")
-        async with worker_for(world.client, settings(world), world.policy()):
-            flip = await asyncio.wait_for((await world.start("traffic-flip")).result(), 60)
-            back = await asyncio.wait_for((await world.start("migrate-back")).result(), 60)
+    world.kube.put(virtual_node(overflow_closed=True))
+    world.kube.put(deployment("serve", REPLICAS))
+    world.wait(lambda: world.all_home_ready("home"), what="inference at home")
+    async with worker_for(world.client, settings(world), world.policy()):
+        flip = await asyncio.wait_for((await world.start("traffic-flip")).result(), 60)
+        back = await asyncio.wait_for((await world.start("migrate-back")).result(), 60)
     assert flip.outcome == "not-needed" and "no admitted training" in flip.decisions[-1].result
     assert back.outcome == "nothing-to-move"
-    assert [m for m in world.kube.emulator.mutations() if "/nodes/" in m.url.path] == []
+    assert [m for m in world.kube.mutations() if "/nodes/" in m.url.path] == []
 
 
 async def test_prewarm_asks_the_provider_and_waits_for_external_capacity(world: World,
                                                                          provider_http: ProviderStandIn) -> None:
-    world.kube.emulator.put(virtual_node(gpus=0, overflow_closed=True))
-    world.kube.emulator.put(deployment("serve", REPLICAS))
+    world.kube.put(virtual_node(gpus=0, overflow_closed=True))
+    world.kube.put(deployment("serve", REPLICAS))
     policy = quick_policy(world.tmp_path, provider={"kind": "http", "http": {"url": provider_http.url}},
                           traffic={"prewarm": True, "prewarm_timeout": "30s", "watch_duration": "1s"})
 
     def capacity_arrives() -> None:  # the external provider brings 64 GPUs up behind the virtual node
         world.wait(lambda: bool(provider_http.accepted()), 30, "the prewarm request")
-        node = world.kube.emulator.get("v1", "Node", "virtual-gpu")
+        node = world.kube.get("v1", "Node", "virtual-gpu")
         assert node is not None
         node["status"]["allocatable"]["nvidia.com/gpu"] = "64"
-        world.kube.emulator.put(node)
+        world.kube.put(node)
 
-    with replica_controller(world.kube):
-        world.wait(lambda: world.all_home_ready("home"), what="inference at home")
-        world.kube.emulator.put(fleet.workload("pretrain", "training", "h100", 32, priority=1000))
-        async with worker_for(world.client, settings_for(world.task_queue, world.kube, provider=provider_http),
-                              policy):
-            handle = await world.start("traffic-flip")
-            await asyncio.to_thread(capacity_arrives)
-            report = await asyncio.wait_for(handle.result(), 60)
+    world.wait(lambda: world.all_home_ready("home"), what="inference at home")
+    world.kube.put(fleet.workload("pretrain", "training", "h100", 32, priority=1000))
+    async with worker_for(world.client, settings_for(world.task_queue, world.kube, provider=provider_http),
+                          policy):
+        handle = await world.start("traffic-flip")
+        await asyncio.to_thread(capacity_arrives)
+        report = await asyncio.wait_for(handle.result(), 60)
     assert report.outcome == "flipped", report.decisions
     [request] = provider_http.accepted()
     assert (request["node"], request["action"]) == ("virtual-gpu", "prewarm")
@@ -473,24 +463,23 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, Any]]:
 async def test_the_slo_query_gates_each_batch_against_a_real_prometheus(world: World, prometheus: Any) -> None:
     url, errors = prometheus
     errors.set(0.2)  # the gateway is failing one request in five
-    world.kube.emulator.put(virtual_node(overflow_closed=False))
+    world.kube.put(virtual_node(overflow_closed=False))
     fill_home_with_training(world)  # first: the scheduler places the Deployment's pods the moment it exists
-    world.kube.emulator.put(deployment("serve", REPLICAS))
+    world.kube.put(deployment("serve", REPLICAS))
     policy = world.policy(batch_size=10, slo_query="max(inference_gateway_error_ratio)", slo_max=0.01)
-    with replica_controller(world.kube):
-        training_finishes(world)
-        async with worker_for(world.client, settings_for(world.task_queue, world.kube, slack=world.slack,
-                                                         prometheus_url=url), policy):
-            migrate = await world.start("migrate-back")
-            status = await status_when(migrate, lambda s: s.escalation is not None)
-            assert status.escalation is not None
-            assert "SLO: max(inference_gateway_error_ratio) = 0.2 (max 0.01)" in status.escalation.error
-            # Paused after the first batch: 4, not the batch size of 10 — 36 of 40 must stay ready.
-            assert len(world.on("home")) == REPLICAS - MINIMUM
-            errors.set(0.0)  # the gateway recovered
-            await asyncio.sleep(2)  # two scrapes
-            await migrate.signal("answer", EscalationAnswer(action="retry", by="sre", reason="gateway fixed"))
-            report = await asyncio.wait_for(migrate.result(), 120)
+    training_finishes(world)
+    async with worker_for(world.client, settings_for(world.task_queue, world.kube, slack=world.slack,
+                                                     prometheus_url=url), policy):
+        migrate = await world.start("migrate-back")
+        status = await status_when(migrate, lambda s: s.escalation is not None)
+        assert status.escalation is not None
+        assert "SLO: max(inference_gateway_error_ratio) = 0.2 (max 0.01)" in status.escalation.error
+        # Paused after the first batch: 4, not the batch size of 10 — 36 of 40 must stay ready.
+        assert len(world.on("home")) == REPLICAS - MINIMUM
+        errors.set(0.0)  # the gateway recovered
+        await asyncio.sleep(2)  # two scrapes
+        await migrate.signal("answer", EscalationAnswer(action="retry", by="sre", reason="gateway fixed"))
+        report = await asyncio.wait_for(migrate.result(), 120)
     assert report.outcome == "migrated", report.decisions
     assert any(d.step == "SLO gate" and d.result == "max(inference_gateway_error_ratio) = 0 (max 0.01)"
                for d in report.decisions)

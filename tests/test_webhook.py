@@ -344,7 +344,7 @@ async def test_alert_labels_cannot_pick_a_fleet_guard_of_their_own(webhook: Any,
     _, http = webhook
     nodes = [f"gpu-{i}" for i in range(11)]
     for name in nodes:
-        kube.emulator.put(fleet.node(name))
+        kube.put(fleet.node(name))
     policy = quick_policy(tmp_path, budget={"max_concurrent": 1, "max_per_hour": 1}, provider={"kind": "manual"})
     async with worker_for(client, settings_for(task_queue, kube), policy):
         [first] = await _post(http, xid_alert(nodes[0], task_queue))
@@ -361,7 +361,7 @@ async def test_alert_labels_cannot_pick_a_fleet_guard_of_their_own(webhook: Any,
         report = await asyncio.wait_for(direct.result(), 60)
         assert report.outcome == "invalid-input" and "not served" in report.decisions[-1].result
         # Counted from outside: the Kubernetes API and Temporal's list of workflows.
-        cordoned = [n for n in nodes if (kube.emulator.get("v1", "Node", n) or {}).get("spec", {}).get("unschedulable")]
+        cordoned = [n for n in nodes if (kube.get("v1", "Node", n) or {}).get("spec", {}).get("unschedulable")]
         assert cordoned == [nodes[0]]
         guards = [w.id async for w in client.list_workflows('WorkflowType = "fleet-guard"')]
         assert not [g for g in guards if g.startswith("fleet-guard/c")], guards
@@ -377,7 +377,7 @@ async def test_a_resent_alert_is_one_occurrence_and_a_closed_incident_is_not_reo
     from tests.harness import quick_policy, settings_for, worker_for
 
     _, http = webhook
-    kube.emulator.put(fleet.node("gpu-r"))
+    kube.put(fleet.node("gpu-r"))
     policy = quick_policy(tmp_path, xid={"application_burst": {"count": 5, "window": "6s"}})
     alert = xid_alert("gpu-r", task_queue, xid=13, fingerprint="fp-13")
     async with worker_for(client, settings_for(task_queue, kube), policy):

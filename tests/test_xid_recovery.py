@@ -1,4 +1,4 @@
-"""xid-recovery end to end: real Temporal dev server, real Slurm, the Kubernetes emulator, stand-ins."""
+"""xid-recovery end to end: real Temporal dev server, real Slurm, the real Kubernetes control plane, stand-ins."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from devstack import fleet
-from devstack.kube_emulator import KubeEmulatorThread
+from devstack.kube_world import RealKube
 from devstack.standins import AgentStandIn, ProviderStandIn
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.lemon import remediations, with_remediation
@@ -45,16 +45,16 @@ async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None
     assert stack.slurm_state(node)[0] in ("idle", "mix", "alloc")
     assert stack.slurm_state(node)[1] == "none"
     # Kubernetes: cordoned (annotated), drained with the PDB respected and the DaemonSet pod untouched, returned.
-    evictions = [r.url.path for r in stack.kube.emulator.mutations() if r.url.path.endswith("/eviction")]
+    evictions = [r.url.path for r in stack.kube.mutations() if r.url.path.endswith("/eviction")]
     assert sorted(evictions) == sorted([f"/api/v1/namespaces/training/pods/trainer-{node}/eviction",
                                         f"/api/v1/namespaces/inference/pods/serve-{node}/eviction"])
-    assert stack.kube.emulator.get("v1", "Pod", f"dcgm-{node}", "gpu-operator") is not None
-    assert stack.kube.emulator.get("v1", "Pod", "serve-elsewhere", "inference") is not None
+    assert stack.kube.get("v1", "Pod", f"dcgm-{node}", "gpu-operator") is not None
+    assert stack.kube.get("v1", "Pod", "serve-elsewhere", "inference") is not None
     assert not stack.node(node)["spec"].get("unschedulable")
     assert "fleetmedic.io/workflow" not in stack.node(node)["metadata"].get("annotations", {})
     # The provider was asked exactly once; an Event and a Slack thread exist.
     assert [(r["node"], r["action"]) for r in stack.provider.accepted()] == [(node, "replace")]
-    events = stack.kube.emulator.list("v1", "Event")
+    events = stack.kube.list("v1", "Event")
     assert [e["reason"] for e in events] == ["FleetMedicRemediated"]
     threads = stack.slack.threads()
     assert len(threads) == 1 and len(next(iter(threads.values()))) >= 2
@@ -87,8 +87,8 @@ async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None
     names = [name for name, _, _ in called(history)]
     assert names.index("slack.notify_start") > names.index("protect.node"), names
     # The step reaches the search attributes when the run waits, not at every step it passes: the
-    # first task writes the step before the policy read and then the one it waits in (not classify
-    # and notify between them), and no value is written twice in a row.
+    # first task writes only the one it waits in, the protective step (not the policy read, classify
+    # and notify before it), and no value is written twice in a row.
     shown: list[tuple[int, str]] = []  # (workflow task, FleetStep written)
     task = 0
     for event in history.events:
@@ -96,7 +96,7 @@ async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None
         fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
         if "FleetStep" in fields:
             shown.append((task, json.loads(fields["FleetStep"].data)))
-    assert [step for task, step in shown if task == 1] == ["load policy", "protect"], shown
+    assert [step for task, step in shown if task == 1] == ["protect"], shown
     assert all(a[1] != b[1] for a, b in zip(shown, shown[1:], strict=False)), shown
     # The search attributes carry the outcome; the audit reads the whole story from the history.
     description = await handle.describe()
@@ -174,7 +174,7 @@ async def test_a_protective_step_out_of_retries_escalates_and_retry_goes_on(stac
     """The protective step runs inside the workflow task (a local activity, whose exhausted retries
     raise their own error): the API server refusing the node's read escalates to a person, never
     fails the run; once it answers again, `retry` takes the node out and the repair goes on."""
-    fault = stack.kube.emulator.inject("GET", "nodes", name="gpu-node-0", status=503, times=100_000)
+    fault = stack.kube.inject("GET", "nodes", name="gpu-node-0", status=503, times=100_000)
     policy = stack.policy(retries={"writes": {"attempts": 2, "initial_interval": "200ms", "max_interval": "1s"}})
 
     async def operator_retries(handle: WorkflowHandle[Any, Any]) -> None:
@@ -210,7 +210,7 @@ async def test_application_xid_only_notifies(stack: Stack) -> None:
     policy = stack.policy(xid={"application_burst": {"count": 3, "window": "3s"}})
     report, _ = await stack.run("gpu-node-0", xid=13, policy=policy)
     assert report.outcome == "notified"
-    assert stack.kube.emulator.mutations() == [r for r in stack.kube.emulator.mutations()
+    assert stack.kube.mutations() == [r for r in stack.kube.mutations()
                                                if r.url.path.endswith("/events")]
     assert stack.slurm_state("gpu-node-0") == ("idle", "none")
 
@@ -376,7 +376,7 @@ async def test_the_lemon_count_survives_temporal_retention(stack: Stack) -> None
     record = with_remediation(record, now - timedelta(days=1), "run-past-retention-2", keep=10)
     node = stack.node("gpu-node-1")
     node["metadata"]["annotations"]["fleetmedic.io/remediations"] = record
-    stack.kube.emulator.put(node)
+    stack.kube.put(node)
     report, handle = await stack.run("gpu-node-1", policy=policy)
     assert report.outcome == "lemon", report.decisions
     assert [r["action"] for r in stack.provider.accepted()] == ["rma"]
@@ -390,7 +390,7 @@ async def test_the_lemon_count_survives_temporal_retention(stack: Stack) -> None
 
 def frozen_serve_pdb(stack: Stack) -> None:
     """The service's owners froze it: its PDB lets no replica go (4 replicas, all 4 required)."""
-    stack.kube.emulator.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"}, min_available=4))
+    stack.kube.put(fleet.pdb("serve", namespace="inference", match_labels={"app": "serve"}, min_available=4))
 
 
 async def test_a_pod_its_pdb_never_releases_escalates_and_skip_is_named_in_the_outcome(stack: Stack) -> None:
@@ -432,7 +432,7 @@ async def test_an_abort_stops_a_drain_that_waits_out_a_pdb_at_once(stack: Stack)
     blocked = "/api/v1/namespaces/inference/pods/serve-gpu-node-0/eviction"
 
     def evictions_tried() -> int:  # as the API server saw them
-        return sum(1 for r in stack.kube.emulator.requests() if r.url.path == blocked)
+        return sum(1 for r in stack.kube.requests() if r.url.path == blocked)
 
     async def operator_aborts(handle: WorkflowHandle[Any, Any]) -> None:
         await status_when(handle, lambda s: s.step == "drain" and evictions_tried() >= 2, timeout=120)
@@ -451,12 +451,12 @@ async def test_an_abort_stops_a_drain_that_waits_out_a_pdb_at_once(stack: Stack)
     history = await handle.fetch_history()
     [drain] = scheduled_events(history, "k8s.evict_pods")
     assert cancels_requested(history) == [drain.event_id]
-    assert stack.kube.emulator.get("v1", "Pod", "serve-gpu-node-0", "inference") is not None  # never evicted
+    assert stack.kube.get("v1", "Pod", "serve-gpu-node-0", "inference") is not None  # never evicted
     assert stack.provider.requests == []  # nothing after the drain ran
 
 
 async def test_a_dry_run_that_meets_an_error_ends_dry_run_and_pages_nobody(stack: Stack) -> None:
-    stack.kube.emulator.inject("GET", "nodes", name="gpu-node-0", status=503, times=100_000)
+    stack.kube.inject("GET", "nodes", name="gpu-node-0", status=503, times=100_000)
     policy = stack.policy(retries={"reads": {"attempts": 2, "initial_interval": "200ms", "max_interval": "1s"}})
     report, _ = await stack.run("gpu-node-0", policy=policy, dry_run=True)
     assert report.outcome == "dry-run", report.decisions
@@ -464,11 +464,11 @@ async def test_a_dry_run_that_meets_an_error_ends_dry_run_and_pages_nobody(stack
     assert "would have escalated" in outcome and "Unavailable" in outcome
     assert not any(d.result.startswith("escalated") for d in report.decisions)
     assert stack.slack.messages == []  # no live thread, no mention
-    assert stack.kube.emulator.mutations() == []
+    assert stack.kube.mutations() == []
 
 
 async def test_an_invalid_start_input_fails_the_run_with_the_reason(client: Client, task_queue: str,
-                                                                     kube: KubeEmulatorThread) -> None:
+                                                                     kube: RealKube) -> None:
     from temporalio.client import WorkflowFailureError
 
     settings = settings_for(task_queue, kube)
@@ -482,7 +482,7 @@ async def test_an_invalid_start_input_fails_the_run_with_the_reason(client: Clie
 
 
 async def test_run_metrics_reach_the_workers_metrics_endpoint(client: Client, task_queue: str,
-                                                               kube: KubeEmulatorThread,
+                                                               kube: RealKube,
                                                                provider_http: ProviderStandIn, tmp_path: Path) -> None:
     """Counted where an SRE scrapes them, as Prometheus names them: a live repair and a shadow run."""
     import re
@@ -497,7 +497,7 @@ async def test_run_metrics_reach_the_workers_metrics_endpoint(client: Client, ta
     port = free_port()
     metered = await connect(runtime=metrics_runtime(port), target_host=client.service_client.config.target_host)
     for name in ("gpu-m", "gpu-n"):
-        kube.emulator.put(fleet.node(name))
+        kube.put(fleet.node(name))
     settings = settings_for(task_queue, kube, provider=provider_http)
     policy = quick_policy(tmp_path, provider={"kind": "http", "http": {"url": provider_http.url}})
     with provider_controller(kube, provider_http, delay_s=0.5):

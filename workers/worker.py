@@ -4,8 +4,7 @@ Activities use blocking clients (kubernetes, scontrol, slack-sdk), so they run o
 sized by FLEETMEDIC_ACTIVITY_THREADS. The protective step (cordon + Slurm DRAIN of a bad node)
 runs as a local activity inside the run's workflow task, on threads of its own
 (FLEETMEDIC_PROTECTIVE_SLOTS): however many runs wait on drains and watches, a new alert's cordon
-never waits for a task queue or a free thread. Runs recorded before run it on `<queue>-protective`,
-which every worker still serves. SIGTERM/SIGINT shut down gracefully: no new tasks are
+never waits for a task queue or a free thread. SIGTERM/SIGINT shut down gracefully: no new tasks are
 polled, running activities get `graceful_shutdown_timeout` to finish, and whatever is cut short
 is retried by Temporal on another worker.
 """
@@ -28,6 +27,7 @@ from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, Worker
 
+import fleetmedic
 from activities.agent import AgentActivities
 from activities.burn_in import BurnInActivities
 from activities.config import ConfigActivities
@@ -72,10 +72,6 @@ class ActivityGroup(Protocol):
     def activities(self) -> list[Callable[..., Any]]: ...
 
 
-def protective_queue(settings: Settings) -> str:
-    return ids.protective_queue(settings.task_queue)
-
-
 def wait_queue(settings: Settings) -> str:
     return ids.waits_queue(settings.task_queue)
 
@@ -110,7 +106,7 @@ class Activities:
                                  kube_timeout_s=settings.kube_timeout_s)
         context = RunContext(slurm_enabled=slurm_enabled(settings), agent_configured=bool(settings.agent_url),
                              provider=provider.name, provider_supports=sorted(provider.supports),
-                             protective_queue=protective_queue(settings), wait_queue=wait_queue(settings))
+                             wait_queue=wait_queue(settings))
         self.protective = ProtectiveActivities(kubernetes, slurm, slots=settings.protective_slots).activities()
         providers = ProviderActivities(provider, force_dry_run=dry, blocking=blocking)
         traffic = TrafficActivities(kubernetes, settings.prometheus_url)
@@ -214,14 +210,6 @@ ACTIVITY_POLLS = 16
 WORKFLOW_TASK_SLOTS = 64
 
 
-def protective_pollers(settings: Settings) -> int:
-    """Polls of the protective queue kept open however quiet it has been (runs recorded before the
-    step moved into the workflow task, and their storms, during an upgrade): 16 open polls take 16
-    cordons at once, where the SDK's default five would leave a storm's cordons waiting a poll round
-    trip each. A fixed count, as WORKFLOW_POLLS says why."""
-    return min(16, max(1, settings.protective_slots))
-
-
 def build_worker(client: Client, settings: Settings, policy: Policy, *,
                  api_client: Callable[[], ApiClient] | None = None,
                  workflows: Sequence[type] | None = None,
@@ -245,26 +233,16 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         nonsticky_to_sticky_poll_ratio=SHARED_QUEUE_POLLS,
         activity_task_poller_behavior=PollerBehaviorSimpleMaximum(ACTIVITY_POLLS),
     )
-    # The protective step of runs recorded before it ran as a local activity (and of their workers'
-    # peers during an upgrade): a coroutine on the step's own threads, like the local activity.
-    protective = Worker(
-        client, task_queue=protective_queue(settings),
-        activities=activities.protective,
-        max_concurrent_activities=settings.protective_slots,
-        graceful_shutdown_timeout=SHUTDOWN_GRACE,
-        activity_task_poller_behavior=PollerBehaviorSimpleMaximum(protective_pollers(settings)),
-    )
     waits = Worker(client, task_queue=wait_queue(settings), activities=activities.waits,
                    max_concurrent_activities=settings.wait_slots, graceful_shutdown_timeout=SHUTDOWN_GRACE,
                    # A wait heartbeats at 0.8 x its timeout (policy retries.wait_heartbeat), not at the
                    # SDK's cap of once a minute: the point of a long timeout is fewer writes.
                    max_heartbeat_throttle_interval=policy.retries.wait_heartbeat)
-    others = [protective, waits]
+    others = [waits]
     if FleetGuard in (workflows or WORKFLOWS):
         # The fleet guards on their own queue (and sticky queue): every lease goes through one, and
         # 5,000 runs started together kept a guard's task 10 s behind theirs until it timed out, so
-        # none got a lease. Guards started before this keep the main queue, which serves them too.
-        # Its own few calls (the policy, the fleet's capacity, which holders still run) are served
+        # none got a lease. Its own few calls (the policy, the fleet's capacity, which holders still run) are served
         # there as well, from the main pool of threads.
         others.append(Worker(client, task_queue=guard_queue(settings), workflows=[FleetGuard],
                              activities=activities.all, activity_executor=executor, max_concurrent_activities=4,
@@ -315,8 +293,10 @@ async def _serve(settings: Settings, policy: Policy, stop: asyncio.Event) -> Non
     await ensure_quota_schedule(client, settings, policy)
     worker = build_worker(client, settings, policy)
     cache = worker.cache
-    log.info("worker polling %s on %s (namespace %s); keeps up to %d runs in memory between their steps (%s)",
-             settings.task_queue, client.service_client.config.target_host, client.namespace, cache.runs, cache.why)
+    # The version in the first line: an upgrade's rollout time is read here (docs/upgrading.md).
+    log.info("fleetmedic %s worker polling %s on %s (namespace %s); keeps up to %d runs in memory between their "
+             "steps (%s)", fleetmedic.__version__, settings.task_queue, client.service_client.config.target_host,
+             client.namespace, cache.runs, cache.why)
     if runtime is not None:
         # Beside the SDK's temporal_sticky_cache_size: how full the worker's memory is of runs.
         runtime.metric_meter.create_gauge("fleetmedic_worker_workflow_cache_max",

@@ -47,7 +47,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from fleetmedic.policy import Policy
 
-from workflows.patches import GUARD_SIGNALS_IN_BATCHES, Patches
 from workflows.runbook import bounded_retry, execute, local
 
 # How long a count of the fleet's out-of-service nodes is reused. Leases are always counted
@@ -79,9 +78,7 @@ class DomainCount:
     each other. Built once a round and kept up to date by `granted`: counted afresh for each
     request in line, a storm's grants grew with the square of the line."""
 
-    def __init__(self, holders: list[Lease], queue: list[LeaseRequest], capacity: FleetCapacity,
-                 patched: Patches) -> None:
-        self.patched = patched
+    def __init__(self, holders: list[Lease], queue: list[LeaseRequest], capacity: FleetCapacity) -> None:
         self.held: dict[str | None, set[str]] = {}
         for lease in holders:
             self.held.setdefault(lease.domain, set()).add(lease.node)
@@ -92,8 +89,6 @@ class DomainCount:
 
     def out(self, request: LeaseRequest) -> int:
         held = self.held.get(request.domain, set())
-        if not self.patched("domain-counts-nodes-out"):  # guards recorded before: leases only
-            return len(held)
         down = {node for node in self.down.get(request.domain or "", set()) if not self.waiting[node]}
         return len((held | down) - {request.node})
 
@@ -108,17 +103,13 @@ class FleetGuard:
     def __init__(self, state: GuardState) -> None:
         self.state = state
         self.dirty = True
-        self.patched = Patches()  # decided before the first local activity (workflows/patches.py)
-        # The place each runbook was last told, in the state: kept across continue-as-new (guards
-        # recorded before it was carried start empty and tell everyone again, as they did).
+        # The place each runbook was last told, in the state: kept across continue-as-new.
         self.told = state.told
         self.policy: Policy | None = None
         self.out_fraction = 0.0
         self.capacity: FleetCapacity | None = None
         self.capacity_at = workflow.now()
         self.reclaimed_at = workflow.now()
-        self.far_told_less = False  # guards recorded before: every waiter hears every move
-        self.in_batches = False  # guards recorded before: every signal of a round in one workflow task
         # Who holds a lease and who is in line, by workflow ID: a storm sends thousands of requests,
         # and a scan of both lists for each made the guard's work grow with their square.
         self.holding = {h.workflow_id for h in state.holders}
@@ -174,18 +165,12 @@ class FleetGuard:
 
     @workflow.run
     async def run(self, state: GuardState) -> None:
-        # Before the policy's local activity: decided after it, a patch could not always replay, and
-        # a guard that cannot replay grants no lease again (workflows/patches.py).
-        self.patched.decide()
-        self.in_batches = self.patched(GUARD_SIGNALS_IN_BATCHES)
         self.policy = await local(refs.CONFIG_POLICY, ())
         limit = self.policy.budget.guard_history_events
-        recounts = self.patched("guard-recounts-while-waiting")
-        self.far_told_less = self.patched("guard-tells-far-places-less-often")
         while True:
-            woke = await self._wake(recounts)
+            woke = await self._wake()
             reclaim_due = workflow.now() - self.reclaimed_at >= self.policy.budget.guard_reclaim_interval
-            if not woke and self.state.holders and (reclaim_due or not recounts):
+            if not woke and self.state.holders and reclaim_due:
                 await self.reclaim()
                 self.reclaimed_at = workflow.now()
             await self.grant()
@@ -198,14 +183,14 @@ class FleetGuard:
                 # Everything the guard knows is in its state, what it told each runbook too.
                 workflow.continue_as_new(self.state)
 
-    async def _wake(self, recounts: bool) -> bool:
+    async def _wake(self) -> bool:
         """Until a signal changes something, or the next look: the reclaim interval, or — while runbooks
         wait in line and the fleet is not paused — the next count of the fleet (nodes that others
         return to service free the budget without telling the guard)."""
         try:
             assert self.policy is not None
             timeout, why = self.policy.budget.guard_reclaim_interval, "reclaim leases of closed runbooks"
-            if recounts and self.state.queue and self.state.paused is None and timeout > CAPACITY_TTL:
+            if self.state.queue and self.state.paused is None and timeout > CAPACITY_TTL:
                 timeout, why = CAPACITY_TTL, "count the fleet again for the runbooks in line"
             await workflow.wait_condition(lambda: self.dirty, timeout=timeout, timeout_summary=why)
         except TimeoutError:
@@ -229,12 +214,12 @@ class FleetGuard:
         # Runbooks in line cordoned their nodes already (the protective step, before the lease):
         # those cordons must not count against the leases they wait for, or a storm of alerts would
         # fill the budget with itself and no lease would ever be granted.
-        waiting = {q.node for q in self.state.queue} if self.patched("protective-nodes-in-line") else set()
+        waiting = {q.node for q in self.state.queue}
         # The nodes out of service: (unavailable - waiting) | held. A grant moves its node from
         # `waiting` to `held`, which adds exactly that node, so `out` grows by it and is never
         # rebuilt (rebuilding it for each request in line made a storm's grants quadratic).
         out = (set(capacity.unavailable) - waiting) | {h.node for h in self.state.holders}
-        domains = DomainCount(self.state.holders, self.state.queue, capacity, self.patched)
+        domains = DomainCount(self.state.holders, self.state.queue, capacity)
         index = 0
         while index < len(self.state.queue) and len(self.state.holders) < budget.max_concurrent \
                 and len(self.state.granted_recently) < budget.max_per_hour:
@@ -330,7 +315,7 @@ class FleetGuard:
                                       if self.told.get(lease.workflow_id) != 0]
         for position, request in enumerate(self.state.queue, start=1):
             told = self.told.get(request.workflow_id)
-            if told != position and (not self.far_told_less or worth_telling(told, position)):
+            if told != position and worth_telling(told, position):
                 due.append((request.workflow_id, position))
         due, _ = self.batch(due)
         paused = self.state.paused
@@ -347,7 +332,7 @@ class FleetGuard:
         once: the guard is marked dirty). The cost of a workflow task stays bounded, its replay too."""
         assert self.policy is not None
         size = self.policy.budget.guard_signals_per_task
-        if not self.in_batches or len(signals) <= size:
+        if len(signals) <= size:
             return signals, []
         self.dirty = True
         return signals[:size], signals[size:]

@@ -22,7 +22,6 @@ from typing import Any
 
 from temporalio import workflow
 
-from workflows.patches import LONG_STEPS_HEAR_ABORT
 from workflows.runbook import RunbookAborted, abort_alone
 from workflows.traffic_steps import Stopped, TrafficRunbook
 
@@ -36,7 +35,6 @@ with workflow.unsafe.imports_passed_through():
         WaitHome,
         home_free,
         next_batch,
-        spread,
     )
 
 
@@ -102,33 +100,26 @@ class MigrateBack(TrafficRunbook):
             if snap.training:
                 raise Stopped("training took the GPUs again: "
                               + ", ".join(f"{w.namespace}/{w.name}" for w in snap.training))
-            if self.patched("batch-within-minimum"):
-                if planned:
-                    snap = snap.model_copy(update={"pods": [p for p in snap.pods if p.ref not in planned]})
-                chosen = next_batch(snap, traffic.batch_size, traffic.min_ready_fraction)
-                if not chosen.pods and not chosen.waiting:
-                    if chosen.left:
-                        self.left_away = chosen.left
-                        self.decide("move a batch home", "left on the virtual node: " + ", ".join(chosen.left))
-                    return
-                if not chosen.pods:  # every Deployment at its minimum: wait for replacements to be Ready
-                    await self.wait_for_headroom()
-                    continue
-                self.no_headroom_since = None
-                batch, last = chosen.pods, not chosen.waiting
-            else:  # runs recorded before: the policy's batch size alone
-                away = spread(snap.on_virtual)
-                if not away:
-                    return
-                batch, last = away[:traffic.batch_size], len(away) <= traffic.batch_size
+            if planned:
+                snap = snap.model_copy(update={"pods": [p for p in snap.pods if p.ref not in planned]})
+            chosen = next_batch(snap, traffic.batch_size, traffic.min_ready_fraction)
+            if not chosen.pods and not chosen.waiting:
+                if chosen.left:
+                    self.left_away = chosen.left
+                    self.decide("move a batch home", "left on the virtual node: " + ", ".join(chosen.left))
+                return
+            if not chosen.pods:  # every Deployment at its minimum: wait for replacements to be Ready
+                await self.wait_for_headroom()
+                continue
+            self.no_headroom_since = None
+            batch, last = chosen.pods, not chosen.waiting
             home_before = sum(d.ready_in_cluster for d in snap.deployments)
             # Both steps of a batch wait up to batch_timeout (a PDB, replicas not Ready yet): an
             # operator's abort ends them then, not when the batch is done.
-            until = abort_alone if self.patched(LONG_STEPS_HEAR_ABORT) else None
             report = await self.call("move a batch home", refs.TRAFFIC_EVICT, EvictPods(
                 pods=[p.ref for p in batch], deadline_s=traffic.batch_timeout.total_seconds(),
                 dry_run=self.dry_run), timeout=traffic.batch_timeout + timedelta(minutes=1),
-                heartbeat=self.evicting_heartbeat(), task_queue=self.waits_queue(), until=until)
+                heartbeat=self.evicting_heartbeat(), task_queue=self.waits_queue(), until=abort_alone)
             if report is None:
                 continue
             self.decide("move a batch home", ("would evict " if report.dry_run else "evicted ")
@@ -144,7 +135,7 @@ class MigrateBack(TrafficRunbook):
                 in_cluster_ready=home_before + len(report.evicted), min_fraction=traffic.min_ready_fraction,
                 timeout_s=traffic.batch_timeout.total_seconds()),
                 timeout=traffic.batch_timeout + timedelta(minutes=1), heartbeat=self.wait_heartbeat(),
-                task_queue=self.waits_queue(), until=until)
+                task_queue=self.waits_queue(), until=abort_alone)
             if home is not None:
                 self.lowest = min(self.lowest, home.min_ready_ratio)
             self.moved += len(report.evicted)

@@ -17,7 +17,6 @@ from temporalio import workflow
 from temporalio.common import MetricMeter, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError
 
-from workflows.patches import SHOWN_WHEN_WAITING
 from workflows.runbook import DryRunEnded, Runbook, RunbookAborted, execute, input_error, local
 
 with workflow.unsafe.imports_passed_through():
@@ -140,14 +139,12 @@ class NodeRunbookBase(Runbook):
 
     async def load(self, xid: int | None = None) -> Policy:
         self.enter("load policy")
-        self.patched.decide()  # before the local activities, never after one (workflows/patches.py)
         # Local activities: the worker's own configuration, no round trip through the task queue.
         policy, context = await asyncio.gather(
             local(refs.CONFIG_POLICY, ()), local(refs.CONFIG_CONTEXT, ()))
         self.policy, self.context = shared(Policy.model_validate(policy)), RunContext.model_validate(context)
         served = self.policy.routing.served_clusters
-        # Patched: runs recorded before the check existed replay without it.
-        if self.cluster not in served and self.patched("served-cluster-check"):
+        if self.cluster not in served:
             # Each cluster has its own fleet guard: a run for a cluster this deployment does not
             # serve would create a guard of its own and bypass every budget.
             raise NothingToDo("invalid-input", f"cluster {self.cluster!r} is not served by this FleetMedic "
@@ -257,7 +254,7 @@ class NodeRunbookBase(Runbook):
         request = LeaseRequest(workflow_id=self.workflow_id, node=self.node, domain=domain)
         await self.call("take disruption lease", refs.GUARD_REQUEST, (self.cluster, request))
         self.lease_held = True  # from here on, every way out releases it
-        timeout = self.policy.budget.lease_timeout if self.patched("lease-wait-escalates") else None
+        timeout = self.policy.budget.lease_timeout
         while not await self.wait(self.lease_wait(),
                                   lambda: self.lease_answer is not None and self.lease_answer.granted, timeout=timeout):
             # Still in line (the budget is in use, the fleet paused, or the guard cannot count the
@@ -277,10 +274,10 @@ class NodeRunbookBase(Runbook):
 
     def lease_wait(self) -> str:
         """What the run waits for at its lease. The guard's first answer can be here before the run
-        waits: in a workflow task that also completes the request, signals are handled first. Runs
-        started on the second fold say their place in line then; those before waited unaware of it."""
+        waits: in a workflow task that also completes the request, signals are handled first: the
+        run says its place in line then."""
         told = self.lease_answer
-        if told is None or told.granted or SHOWN_WHEN_WAITING not in self.patched.folded:
+        if told is None or told.granted:
             return "lease from the fleet guard"
         return self.place_in_line(told)
 
@@ -309,7 +306,7 @@ class NodeRunbookBase(Runbook):
         """The node's GPUs left or rejoined the fleet: Kueue's quotas follow (kueue-quota-sync).
         Never holds the runbook up: the Schedule catches up if this cannot start it."""
         assert self.policy is not None
-        if self.dry_run or not self.policy.kueue.enabled or not self.patched("kueue-sync-on-node-change"):
+        if self.dry_run or not self.policy.kueue.enabled:
             return
         try:
             await execute(refs.REQUEST_QUOTA_SYNC, self.cluster, start_to_close_timeout=self.call_timeout(),

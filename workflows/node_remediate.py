@@ -61,8 +61,6 @@ class RemediateSteps(NodeRunbookBase):
             if self.replaced_signal is not None:
                 self.decide(action, f"{self.replaced_signal.by} says the node was {action}d"
                             + (f" as {self.replaced_signal.new_node}" if self.replaced_signal.new_node else ""))
-                if self.replaced_signal.new_node and not self.patched("follow-replacement"):
-                    self.node = self.replaced_signal.new_node  # runs recorded before the replacement was followed
         return result
 
     async def reset_gpu(self, gpu: int, reason: str) -> str:
@@ -87,16 +85,14 @@ class RemediateSteps(NodeRunbookBase):
         assert self.policy is not None
         since = workflow.now() - self.policy.lemon.window
         before = await self.call("lemon check", refs.COUNT_REMEDIATIONS, (self.cluster, self.node, since)) or 0
-        if self.patched("lemon-count-on-node"):
-            # The node's own record outlives Temporal's retention of closed runs. The protective step
-            # read it a moment ago (before its cordon added this run, which the count leaves out):
-            # patched, a storm's runs take one read of the node each, not two.
-            read = self.protection.node if self.protection is not None else None
-            node = (read if read is not None and self.patched("lemon-count-from-protective-read")
-                    else await self.call("lemon check", refs.GET_NODE, self.node))
-            on_node = count_since(node.annotations.get(self.policy.labels.remediations_annotation), since,
-                                  exclude_run=workflow.info().run_id) if node else 0
-            before = lemon_count(before, on_node)
+        # The node's own record outlives Temporal's retention of closed runs. The protective step
+        # read it a moment ago (before its cordon added this run, which the count leaves out): a
+        # storm's runs take one read of the node each, not two.
+        read = self.protection.node if self.protection is not None else None
+        node = read if read is not None else await self.call("lemon check", refs.GET_NODE, self.node)
+        on_node = count_since(node.annotations.get(self.policy.labels.remediations_annotation), since,
+                              exclude_run=workflow.info().run_id) if node else 0
+        before = lemon_count(before, on_node)
         count = before + 1
         if is_lemon(count, self.policy.lemon):
             self.decide("lemon check", f"remediation #{count} of {self.node} within {self.policy.lemon.window}: "

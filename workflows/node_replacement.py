@@ -19,14 +19,11 @@ the replacement is a Slurm node of its own, registered by its slurmd.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from workflows.node_base import POLL
 from workflows.node_remediate import RemediateSteps
-from workflows.patches import BURN_IN_HEARS_ABORT, WAITS_SPAN_DEADLINE
 from workflows.runbook import In, RunbookAborted, abort_alone
 
 with workflow.unsafe.imports_passed_through():
@@ -41,11 +38,6 @@ with workflow.unsafe.imports_passed_through():
         SetSlurmNodeState,
         SlurmNodeState,
     )
-
-# The longest single search for a replacement of runs recorded before a search spanned its whole
-# deadline (WAITS_SPAN_DEADLINE); the run asked again until its deadline.
-SEARCH_WINDOW = timedelta(minutes=5)
-
 
 class ReplacementSteps(RemediateSteps):
     """Follow a replacement to its new node; burn a node in before it returns."""
@@ -87,15 +79,14 @@ class ReplacementSteps(RemediateSteps):
                 where = f" in {follow.group}" if follow.group else ""
                 self.waiting_for = (f"{follow.provider} to bring the replacement of {follow.old_node}{where} "
                                     f"(until {deadline.isoformat()})")
-                spans = self.patched(WAITS_SPAN_DEADLINE)
-                window = deadline - workflow.now() if spans else min(deadline - workflow.now(), SEARCH_WINDOW)
+                window = deadline - workflow.now()
                 found = await self.call(step, refs.FIND_REPLACEMENT,
                                         FindReplacement(follow=follow, timeout_s=max(window.total_seconds(), 1)),
                                         timeout=window + self.call_timeout(), heartbeat=self.wait_heartbeat(),
                                         task_queue=self.waits_queue(),
-                                        until=self.operator_named_replacement if spans else None)
+                                        until=self.operator_named_replacement)
                 signal = self.replaced_signal
-                if spans and signal is not None and signal.new_node is not None:
+                if signal is not None and signal.new_node is not None:
                     self.decide(step, f"{signal.by} named the replacement: {signal.new_node}")
                     return signal.new_node
                 if found is None:
@@ -208,7 +199,7 @@ class ReplacementSteps(RemediateSteps):
             deadline_s=policy.deadline.total_seconds(), output_dir=policy.output_dir,
             pass_pattern=policy.pass_pattern, dry_run=self.dry_run),
             timeout=policy.deadline + self.call_timeout() * 2, heartbeat=self.call_timeout(),
-            retry=self.retry("writes"), until=abort_alone if self.patched(BURN_IN_HEARS_ABORT) else None)
+            retry=self.retry("writes"), until=abort_alone)
         if result is None:
             return True  # skipped by an operator
         tail = result.output.strip().splitlines()[-1:] if result.output.strip() else []

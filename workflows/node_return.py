@@ -3,13 +3,12 @@ service → release the lease → confirm the jobs resumed → record the outcom
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from temporalio import workflow
 
 from workflows.node_base import POLL
 from workflows.node_replacement import ReplacementSteps
-from workflows.patches import WAITS_SPAN_DEADLINE
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
@@ -31,14 +30,13 @@ class ReturnSteps(ReplacementSteps):
         service → release the lease → confirm the jobs resumed → record the outcome. A node that does
         not come back healthy stays quarantined; one that fails its burn-in goes back to the provider."""
         assert self.policy is not None
-        follows = self.patched("follow-replacement")
         round = 1
         while True:
-            if follows and not await self.follow_replacement():
+            if not await self.follow_replacement():
                 return await self.stay_out(f"no replacement for {self.node} after {summary}")
             if not await self.wait_back_and_validate(requested_at, self.node_gpus or None, rejoined=rejoined):
                 return await self.stay_out(f"not back in service after {summary}")
-            if not follows or await self.burn_in_passes(round):
+            if await self.burn_in_passes(round):
                 break
             if round >= self.policy.burn_in.rounds:
                 return await self.stay_out(f"failed its burn-in {round} time(s) after {summary}")
@@ -88,15 +86,14 @@ class ReturnSteps(ReplacementSteps):
         back: NodeInfo | None = None
         while back is None and workflow.now() < deadline:
             self.waiting_for = f"node {self.node} Ready after {requested_at.isoformat()} (until {deadline.isoformat()})"
-            spans = self.patched(WAITS_SPAN_DEADLINE)
-            window = deadline - workflow.now() if spans else min(deadline - workflow.now(), timedelta(minutes=5))
+            window = deadline - workflow.now()
             after = since if rejoined and not self.replaced_signal and not self.new_machine else None
             back = await self.call(
                 "wait for node Ready", refs.WAIT_NODE_READY,
                 WaitNodeReady(node=self.node, since=after, timeout_s=max(window.total_seconds(), 1)),
                 timeout=window + self.call_timeout(), heartbeat=self.wait_heartbeat(),
                 summary="wait for node Ready: watch", task_queue=self.context.wait_queue,
-                until=self.repaired_in_place if spans and after is not None else None)
+                until=self.repaired_in_place if after is not None else None)
             self.check_abort()
         if back is None:
             self.decide("wait for node Ready", f"node {self.node} did not come back Ready within "

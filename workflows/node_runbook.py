@@ -28,8 +28,7 @@ class NodeRunbook(TakeOutSteps, ReturnSteps):
     async def protect_then_count(self, reason: str, taint: Taint | None = None) -> int:
         """The protective step, then the lemon count: bookkeeping may wait, the bad node may not.
         Returns the count when the node is a lemon (0 otherwise)."""
-        if self.patched("protective-first"):
-            await self.protect(reason, taint)
+        await self.protect(reason, taint)
         self.open_held_thread()  # the Slack thread, once the node is out of service (`open_thread`)
         return await self.is_lemon()
 

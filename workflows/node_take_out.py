@@ -12,7 +12,6 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from workflows.node_base import POLL, RECHECK_AFTER, NodeRunbookBase, NothingToDo, OptedOut
-from workflows.patches import LONG_STEPS_HEAR_ABORT, PROTECT_IN_TASK
 from workflows.runbook import RunbookAborted, abort_alone
 
 with workflow.unsafe.imports_passed_through():
@@ -59,16 +58,13 @@ class TakeOutSteps(NodeRunbookBase):
         next periodic checkpoint. `recheck`: confirms the fault again when the
         lease took long to come (it raises when there is nothing left to do). Returns the jobs
         that ran on the node."""
-        if self.patched("protective-first"):
-            await self.protect(reason, taint)
+        await self.protect(reason, taint)
         asked = workflow.now()
         await self.take_lease()
         if recheck is not None and workflow.now() - asked > RECHECK_AFTER:
             await recheck()
         signalled_at = workflow.now()
-        # Patched: runs recorded before it went DOWN at once and let Slurm's SIGTERM be the signal.
-        signal_first = (state is SlurmNodeState.DOWN and self.context.slurm_enabled
-                        and self.patched("signal-before-down"))
+        signal_first = state is SlurmNodeState.DOWN and self.context.slurm_enabled
         jobs = await self.take_out_of_service(state, reason, taint, drain_while_jobs=signal_first)
         if signal_first and jobs:
             signalled_at = await self.signal_jobs(jobs)
@@ -89,9 +85,9 @@ class TakeOutSteps(NodeRunbookBase):
         node; nothing running there is killed, so a storm of false alerts costs capacity for new
         work, never a job: the steps that kill (DOWN, requeue, drain, replace) still wait for the
         lease. It runs inside the run's workflow task, as a local activity on the worker that holds
-        the run (patched): no round trip through the server and no task queue to wait in, however
-        many runs wait on drains and replacements. Runs recorded before ran it on the protective
-        task queue. Once per run; an opted-out node is left as it is, a missing one ends the run."""
+        the run: no round trip through the server and no task queue to wait in, however many runs
+        wait on drains and replacements. Once per run; an opted-out node is left as it is, a missing
+        one ends the run."""
         assert self.policy is not None
         if self.protection is not None:
             return
@@ -101,12 +97,8 @@ class TakeOutSteps(NodeRunbookBase):
             return
         request = ProtectRequest(node=self.node, workflow_id=self.workflow_id, reason=reason, taint=taint,
                                  slurm=self.context.slurm_enabled, dry_run=self.dry_run)
-        if self.patched(PROTECT_IN_TASK):
-            protection = await self.call("protect", refs.PROTECT_NODE, request, retry=self.retry("writes"),
-                                         in_task=True)
-        else:
-            protection = await self.call("protect", refs.PROTECT_NODE, request, retry=self.retry("writes"),
-                                         task_queue=self.context.protective_queue)
+        protection = await self.call("protect", refs.PROTECT_NODE, request, retry=self.retry("writes"),
+                                     in_task=True)
         if protection is None:
             self.decide("protect", "skipped by an operator: the node stays in service until the lease")
             return
@@ -188,14 +180,10 @@ class TakeOutSteps(NodeRunbookBase):
         def read() -> Any:
             return asyncio.gather(jobs_on_node(), self.call("take out of service", refs.GET_NODE, self.node))
 
-        if self.patched("read-jobs-after-the-gate"):
-            # The gate may wait hours (a pause, an approval): read the node's jobs after it, so the
-            # jobs we wait for and requeue are the ones SIGTERM actually reaches.
-            await self.gate("take out of service", ("cordon", "slurm_down"))
-            jobs, node = await read()
-        else:  # runs recorded before the patch read and gated together
-            (jobs, node), _ = await asyncio.gather(read(), self.gate("take out of service",
-                                                                      ("cordon", "slurm_down")))
+        # The gate may wait hours (a pause, an approval): read the node's jobs after it, so the
+        # jobs we wait for and requeue are the ones SIGTERM actually reaches.
+        await self.gate("take out of service", ("cordon", "slurm_down"))
+        jobs, node = await read()
         self.node_gpus = node.gpu_allocatable if node else 0
         self.out_since = self.out_since or workflow.now()  # the protective step may have taken it out
         if not slurm:
@@ -285,15 +273,12 @@ class TakeOutSteps(NodeRunbookBase):
             if not job.requeue:
                 self.decide("ensure requeue", f"job {job.job_id} is not requeueable (--no-requeue): left to its owner")
                 continue
-            if self.patched("requeue-gated"):
-                # A requeue kills a training run: the gate again right before it (a pause or an
-                # opt-out set during the grace counts), and only where the job still runs on this node.
-                opt_out = await self.before_destructive("ensure requeue")
-                if opt_out.opted_out:
-                    raise OptedOut("ensure requeue", opt_out.reasons)
-                request = RequeueJob(job_id=job.job_id, dry_run=self.dry_run, node=self.node, signalled=signalled)
-            else:
-                request = RequeueJob(job_id=job.job_id, dry_run=self.dry_run)
+            # A requeue kills a training run: the gate again right before it (a pause or an
+            # opt-out set during the grace counts), and only where the job still runs on this node.
+            opt_out = await self.before_destructive("ensure requeue")
+            if opt_out.opted_out:
+                raise OptedOut("ensure requeue", opt_out.reasons)
+            request = RequeueJob(job_id=job.job_id, dry_run=self.dry_run, node=self.node, signalled=signalled)
             await self.act("ensure requeue", refs.REQUEUE_JOB, request)
             checkpoint = await self.call("ensure requeue", refs.NEWEST_CHECKPOINT,
                                          CheckpointQuery(job_id=job.job_id, job_name=job.name))
@@ -314,7 +299,6 @@ class TakeOutSteps(NodeRunbookBase):
         deadline = self.policy.grace.eviction_deadline
         # Waiting out a PodDisruptionBudget, the drain evicts again whenever it allows, up to the
         # deadline: an operator's abort stops it then, not at the deadline.
-        hears_abort = self.patched(LONG_STEPS_HEAR_ABORT)
         while True:
             report = await self.call(
                 "drain", refs.EVICT_PODS,
@@ -322,7 +306,7 @@ class TakeOutSteps(NodeRunbookBase):
                              workflow_id=self.workflow_id, selector=selector),
                 timeout=deadline + timedelta(minutes=1), heartbeat=self.evicting_heartbeat(),
                 retry=self.retry("writes"), task_queue=self.waits_queue(),
-                until=abort_alone if hears_abort else None)
+                until=abort_alone)
             if report is None:
                 return None
             self.actions.append(ActionResult(
@@ -334,7 +318,7 @@ class TakeOutSteps(NodeRunbookBase):
             if report.failed:
                 text += "; could not evict: " + ", ".join(f"{p.pod} ({p.reason})" for p in report.failed)
             self.decide("drain", text)
-            if not report.failed or report.dry_run or not self.patched("drain-on-blocked"):
+            if not report.failed or report.dry_run:
                 return report
             blocked = tuple(p.pod for p in report.failed)
             if self.policy.drain.on_blocked == "proceed":

@@ -54,7 +54,6 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic.policy import Policy, shared
     from fleetmedic.trust import node_name_error
 
-from workflows.patches import SHOWN_WHEN_WAITING, Patches
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -105,7 +104,6 @@ class Runbook:
     def _init_state(self, cluster: str, node: str, workflow_id: str, dry_run: bool) -> None:
         self.cluster, self.node, self.workflow_id = cluster, node, workflow_id
         self.dry_run = dry_run
-        self.patched = Patches()  # decided before the first local activity (workflows/patches.py)
         self.policy: Policy | None = None
         self.step_name = "starting"
         self._waiting_for: str | None = None
@@ -269,9 +267,8 @@ class Runbook:
     def place_in_line(self, answer: LeaseAnswer) -> str:
         """What a run in line for its lease waits for, from the guard's answer; and the same in the
         UI's list, for `FleetStep = "waiting for lease (position 3)"` queries (written when the run
-        next waits). Patched: runs recorded before this existed replay without the upsert."""
-        if self.patched("lease-position-search-attribute"):
-            self.show(ids.FLEET_STEP.value_set(f"waiting for lease (position {answer.position})"))
+        next waits)."""
+        self.show(ids.FLEET_STEP.value_set(f"waiting for lease (position {answer.position})"))
         return f"lease, position {answer.position} ({answer.reason})"
 
     # --- bookkeeping --------------------------------------------------------------------------
@@ -290,14 +287,11 @@ class Runbook:
         self.show(ids.FLEET_STEP.value_set(step))
 
     def show(self, *updates: SearchAttributeUpdate[Any]) -> None:
-        """Search attributes for the UI's list and the operators' queries. Runs started on the second
-        fold of patches hold them until the run next waits (an activity, a condition, the end): the
-        steps one workflow task goes through were never visible apart, and each upsert is an event
-        in the history and a write to the visibility store. Runs recorded before upsert each at once."""
-        if SHOWN_WHEN_WAITING in self.patched.folded:
-            self.unshown.update((update.key.name, update) for update in updates)
-        else:
-            workflow.upsert_search_attributes(list(updates))
+        """Search attributes for the UI's list and the operators' queries, held until the run next
+        waits (an activity, a condition, the end): the steps one workflow task goes through were
+        never visible apart, and each upsert is an event in the history and a write to the
+        visibility store."""
+        self.unshown.update((update.key.name, update) for update in updates)
 
     def shown(self) -> None:
         """What `show` holds and is not shown already, in one upsert: called right before the run waits."""
@@ -313,10 +307,9 @@ class Runbook:
         self.show_details()
         self.show(ids.FLEET_OUTCOME.value_set(outcome), ids.FLEET_STEP.value_set("done"))
         self.shown()
-        if self.patched("outcome-memo"):
-            # Every run closes COMPLETED (green in the UI's list), whatever it did: the memo and the
-            # FleetOutcome column (README, "Temporal UI") tell an aborted or a shadow run apart.
-            workflow.upsert_memo({"outcome": outcome, "dry_run": self.dry_run})
+        # Every run closes COMPLETED (green in the UI's list), whatever it did: the memo and the
+        # FleetOutcome column (README, "Temporal UI") tell an aborted or a shadow run apart.
+        workflow.upsert_memo({"outcome": outcome, "dry_run": self.dry_run})
         return outcome
 
     def fail_if_invalid(self, invalid: str | None) -> None:
@@ -356,7 +349,6 @@ class Runbook:
         """The worker's policy (a local activity: no round trip through the task queue), shadow mode
         when it says so, and the run's search attributes."""
         self.enter("load policy")
-        self.patched.decide()  # before the local activity, never after one (workflows/patches.py)
         self.policy = shared(Policy.model_validate(await local(refs.CONFIG_POLICY, ())))
         if self.policy.shadow.enabled_for(self.runbook) and not self.dry_run:
             self.dry_run = True
@@ -388,13 +380,10 @@ class Runbook:
         heartbeats every 8 s cost the server little. Not a command attribute a replay compares."""
         return min(self.wait_heartbeat(), EVICTING_HEARTBEAT)
 
-    def waits_queue(self) -> str | None:
+    def waits_queue(self) -> str:
         """Where an activity that waits runs (activities/waits.py: async, holding no thread): the
-        run's queue's `-waits` twin. Runs recorded before the waits moved there keep them on the
-        run's own queue (patched)."""
-        if self.patched("waits-hold-no-thread"):
-            return ids.waits_queue(workflow.info().task_queue)
-        return None
+        run's queue's `-waits` twin."""
+        return ids.waits_queue(workflow.info().task_queue)
 
     async def call(self, step: str, activity: Activity[In, Out], arg: In, *,
                    timeout: timedelta | None = None, retry: RetryPolicy | None = None,
@@ -467,7 +456,7 @@ class Runbook:
     async def escalate(self, step: str, error: str) -> EscalationAnswer:
         """Tell a human (Slack mention) and wait for `answer`; remind every `reminder`. A dry run
         pages nobody: it ends there (`DryRunEnded`), saying what it would have escalated."""
-        if self.dry_run and self.patched("dry-run-never-escalates"):
+        if self.dry_run:
             raise DryRunEnded(step, error)
         self.escalation = Escalation(step=step, error=error, since=workflow.now())
         self.escalation_answer = None
@@ -509,7 +498,7 @@ class Runbook:
         """Wait while this run or the fleet is paused; say so once per pause."""
         announced: Operator | None = None
         while True:
-            asks = not self.hears_fleet_pause() and not self.dry_run and self.patched("fleet-pause-asked")
+            asks = not self.hears_fleet_pause() and not self.dry_run
             if asks:
                 fleet = await self.call(f"{step}: fleet pause", refs.GUARD_PAUSED, self.cluster)
                 self.fleet_paused = fleet.paused if fleet is not None else None
@@ -517,8 +506,7 @@ class Runbook:
             if pause is None:
                 return
             scope = "paused" if self.paused else "fleet paused"
-            # Patched: traffic runbooks recorded before their gate existed neither asked nor said.
-            if pause != announced and (self.hears_fleet_pause() or self.patched("fleet-pause-asked")):
+            if pause != announced:
                 await self.say(f":double_vertical_bar: {scope} by {pause.by} before *{step}*: {pause.reason}")
                 announced = pause
             # A run without a lease is told of no resume: it asks again every FLEET_PAUSE_POLL.
@@ -534,7 +522,7 @@ class Runbook:
         by default the run's node; none when empty), the Slack thread, the decisions, the metrics and
         the `FleetOutcome` search attribute. A dry run ends `dry-run`, with what it would have done."""
         self.enter("record outcome")
-        if self.dry_run and outcome not in UNCHANGED_OUTCOMES | {"dry-run"} and self.patched("dry-run-outcome"):
+        if self.dry_run and outcome not in UNCHANGED_OUTCOMES | {"dry-run"}:
             message, outcome = f"would have ended {outcome}: {message}", "dry-run"
         subject = self.node if event_on is None else event_on
         if subject:
@@ -572,8 +560,8 @@ class Runbook:
         `after_protect`: not even posted until the protective step is done (`open_held_thread`),
         or the run has something else to say. Posted beside the protective step, its activity and
         the workflow task of its answer fell in the same second as the cordons of a storm, on the
-        same server. Patched: runs recorded before open it at once."""
-        if after_protect and self.patched("slack-after-protect"):
+        same server."""
+        if after_protect:
             self.thread_text = text
             return
         self._post_thread(text)

@@ -13,7 +13,6 @@ from typing import Any
 
 from temporalio import workflow
 
-from workflows.patches import STOP_WAIT_HEARS_ABORT
 from workflows.runbook import DryRunEnded, Runbook, abort_alone, input_error
 
 with workflow.unsafe.imports_passed_through():
@@ -90,7 +89,7 @@ class TrafficRunbook(Runbook):
         stopped = await self.call(f"stop {self.other}", refs.STOP_RUNBOOK,
                                   (other_id, Operator(by=self.workflow_id, reason=f"{self.runbook} starts")),
                                   timeout=timedelta(minutes=15), heartbeat=self.call_timeout(),
-                                  until=abort_alone if self.patched(STOP_WAIT_HEARS_ABORT) else None)
+                                  until=abort_alone)
         if stopped:
             self.decide(f"stop {self.other}", f"{other_id} stopped: it never acts together with {self.runbook}")
 

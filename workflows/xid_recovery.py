@@ -104,12 +104,9 @@ class XidRecovery(NodeRunbook):
         while await self.wait(f"repeats of XID {verdict.xid} until {deadline.isoformat()}",
                               lambda s=seen: len(self.alerts) > s,
                               timeout=max(deadline - workflow.now(), timedelta(seconds=1))):
-            if self.patched("alert-occurrences-deduplicated"):
-                # A resend (same fingerprint and startsAt) is no new occurrence, and the XID and GPU
-                # are read as the webhook reads them (labels, then the dcgm rule's annotation).
-                fresh = self.new_alerts(seen)
-            else:  # runs recorded before: every delivery counted, labels only
-                fresh = self.alerts[seen:]
+            # A resend (same fingerprint and startsAt) is no new occurrence, and the XID and GPU
+            # are read as the webhook reads them (labels, then the dcgm rule's annotation).
+            fresh = self.new_alerts(seen)
             seen = len(self.alerts)
             for alert in fresh:
                 xid, gpu = self.alert_xid_gpu(alert)
@@ -141,7 +138,7 @@ class XidRecovery(NodeRunbook):
         why = f"XID {xid} on GPU {gpu_name(gpu)} of {self.node}: {verdict.reason}"
         if lemon := await self.protect_then_count(reason):
             return await self.retire_lemon(lemon, SlurmNodeState.DOWN, why)
-        if verdict.job_lost and self.patched("protective-kill"):
+        if verdict.job_lost:
             await self.kill_lost_jobs(reason)
 
         jobs = await self.take_out_and_drain(SlurmNodeState.DOWN, reason, self.policy.grace.checkpoint)
@@ -157,18 +154,9 @@ class XidRecovery(NodeRunbook):
 
     def alert_xid_gpu(self, alert: Alert) -> tuple[int | None, int | None]:
         assert self.policy is not None
-        if not self.patched("alert-occurrences-deduplicated"):
-            return _label_int(alert, "xid"), _label_int(alert, "gpu")
         try:
             facts = alert_facts(alert, self.policy.routing)
         except UntrustedValue:
             return None, None  # a label that is not a number: attached, counted as no XID
         return facts.xid, facts.gpu
 
-
-def _label_int(alert: Alert, name: str) -> int | None:
-    value = alert.labels.get(name)
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None

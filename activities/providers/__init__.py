@@ -55,8 +55,8 @@ class ProviderActivities:
 
     @activity.defn(name="provider.find_replacement")
     async def find_replacement(self, find: FindReplacement) -> Replacement:
-        """Look for the new node until the provider names it or `timeout_s` passes (the run's deadline;
-        runs recorded before asked again every 5 minutes); heartbeats between looks, so a cancelled
+        """Look for the new node until the provider names it or `timeout_s` passes (the run's deadline);
+        heartbeats between looks, so a cancelled
         search (an abort, an operator naming the node) stops at its next heartbeat.
         Async, on the waits queue (activities/waits.py): a machine that takes minutes holds no thread."""
         deadline = time.monotonic() + window_left(find.timeout_s)

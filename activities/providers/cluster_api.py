@@ -25,7 +25,10 @@ from fleetmedic.errors import ErrorKind
 from fleetmedic.models import Follow, ProviderRequest, ProviderResult
 from fleetmedic.policy import ClusterApiProviderPolicy
 
-GROUP, VERSION, PLURAL = "cluster.x-k8s.io", "v1beta1", "machines"
+GROUP, PLURAL = "cluster.x-k8s.io", "machines"
+# Cluster API 1.11 serves v1beta2 and deprecates v1beta1; older releases serve v1beta1 alone. The
+# CRDs of a release without its conversion webhook still serve both: the newest served is used.
+VERSIONS = ("v1beta2", "v1beta1")
 NAMESPACE_ANNOTATION = "cluster.x-k8s.io/cluster-namespace"
 SET_LABEL = "cluster.x-k8s.io/set-name"
 SKIP_REMEDIATION = "cluster.x-k8s.io/skip-remediation"
@@ -36,12 +39,23 @@ OWNER_KIND, OWNER_NAME = "cluster.x-k8s.io/owner-kind", "cluster.x-k8s.io/owner-
 
 class ClusterApiProvider(KubernetesProvider):
     name = "cluster-api"
-    group, version, plural = GROUP, VERSION, PLURAL
+    group, version, plural = GROUP, VERSIONS[0], PLURAL
 
     def __init__(self, api_client: Callable[[], ApiClient], policy: ClusterApiProviderPolicy,
                  timeout_s: float) -> None:
         super().__init__(api_client, timeout_s)
         self.policy = policy
+        self.discovered = False
+
+    def served(self, api: ApiClient) -> str:
+        """The newest Cluster API version the API server serves, asked once per process."""
+        if not self.discovered:
+            with api_errors("discover the served Cluster API versions"):
+                groups = client.ApisApi(api).get_api_versions(_request_timeout=self.timeout).groups or []
+            served = {v.version for g in groups if g.name == GROUP for v in g.versions or []}
+            self.version = next((v for v in VERSIONS if v in served), VERSIONS[-1])
+            self.discovered = True
+        return self.version
 
     def replace(self, api: ApiClient, node: client.V1Node, request: ProviderRequest) -> ProviderResult:
         annotations = node.metadata.annotations or {}
@@ -51,9 +65,9 @@ class ClusterApiProvider(KubernetesProvider):
                                           f"annotation: it is not a Cluster API machine")
         namespace = annotations.get(NAMESPACE_ANNOTATION, self.policy.namespace)
         ref = f"{namespace}/{machine}"
-        custom = client.CustomObjectsApi(api)
+        custom, version = client.CustomObjectsApi(api), self.served(api)
         try:
-            obj: dict[str, Any] = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, machine,
+            obj: dict[str, Any] = custom.get_namespaced_custom_object(GROUP, version, namespace, PLURAL, machine,
                                                                       _request_timeout=self.timeout)
         except ApiException as exc:
             if exc.status != 404:
@@ -82,11 +96,11 @@ class ClusterApiProvider(KubernetesProvider):
         if request.dry_run:
             return result.model_copy(update={"detail": f"would delete Machine {ref} (MachineSet {machine_set})"})
         with api_errors(f"mark Machine {ref}"):
-            custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, machine, {"metadata": {
+            custom.patch_namespaced_custom_object(GROUP, version, namespace, PLURAL, machine, {"metadata": {
                 "annotations": {DELETE_MACHINE: f"fleetmedic: {request.idempotency_key}"}}},
                 _request_timeout=self.timeout)
         try:
-            custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, machine,
+            custom.delete_namespaced_custom_object(GROUP, version, namespace, PLURAL, machine,
                                                    _request_timeout=self.timeout)
         except ApiException as exc:
             if exc.status != 404:
@@ -107,7 +121,7 @@ class ClusterApiProvider(KubernetesProvider):
         cluster_name = (machine.get("spec") or {}).get("clusterName", "")
         if cluster_name:
             try:
-                cluster = custom.get_namespaced_custom_object(GROUP, VERSION, meta["namespace"], "clusters",
+                cluster = custom.get_namespaced_custom_object(GROUP, self.served(api), meta["namespace"], "clusters",
                                                               cluster_name, _request_timeout=self.timeout)
             except ApiException as exc:
                 if exc.status != 404:
@@ -125,27 +139,18 @@ class ClusterApiProvider(KubernetesProvider):
         return None
 
     def health_checks(self, api: ApiClient, namespace: str) -> list[dict[str, Any]]:
-        """The namespace's MachineHealthChecks as v1beta2 (Cluster API 1.11+) or, where that is not
-        served, v1beta1: `maxUnhealthy` became `remediation.triggerIf`, and only a served version
-        (or the conversion webhook) shows it."""
-        custom = client.CustomObjectsApi(api)
-        for version in ("v1beta2", VERSION):
-            try:
-                found = custom.list_namespaced_custom_object(GROUP, version, namespace, "machinehealthchecks",
-                                                             _request_timeout=self.timeout)
-            except ApiException as exc:
-                if exc.status == 404 and version != VERSION:
-                    continue
-                with api_errors("list MachineHealthChecks"):
-                    raise
-            return list(found.get("items", []))
-        return []
+        """The namespace's MachineHealthChecks in the served version (`maxUnhealthy` of v1beta1 is
+        `remediation.triggerIf` in v1beta2: `short_circuited` reads either)."""
+        with api_errors("list MachineHealthChecks"):
+            found = client.CustomObjectsApi(api).list_namespaced_custom_object(
+                GROUP, self.served(api), namespace, "machinehealthchecks", _request_timeout=self.timeout)
+        return list(found.get("items", []))
 
     def members(self, api: ApiClient, follow: Follow) -> list[dict[str, Any]]:
         namespace, _, machine_set = follow.group.partition("/")
         with api_errors(f"list Machines of MachineSet {follow.group}"):
             found = client.CustomObjectsApi(api).list_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, label_selector=f"{SET_LABEL}={machine_set}",
+                GROUP, self.served(api), namespace, PLURAL, label_selector=f"{SET_LABEL}={machine_set}",
                 _request_timeout=self.timeout)
         return list(found.get("items", []))
 
