@@ -67,11 +67,18 @@ def api_errors(what: str) -> Iterator[None]:
     except ApiException as exc:
         raise from_http_status(int(exc.status or 500), f"{what}: {exc.reason}") from None
     except urllib3.exceptions.NewConnectionError as exc:  # (a subclass of ConnectTimeoutError)
-        raise fail(ErrorKind.UNAVAILABLE, f"{what}: API unreachable ({exc})") from None
+        raise fail(ErrorKind.UNAVAILABLE, f"kube-apiserver{_at(exc)} unreachable: {what}: {exc}") from None
     except urllib3.exceptions.TimeoutError as exc:
-        raise fail(ErrorKind.TIMEOUT, f"{what}: timed out ({exc})") from None
+        raise fail(ErrorKind.TIMEOUT, f"kube-apiserver{_at(exc)} did not answer in time: {what}: {exc}") from None
     except urllib3.exceptions.HTTPError as exc:
-        raise fail(ErrorKind.UNAVAILABLE, f"{what}: API unreachable ({exc})") from None
+        raise fail(ErrorKind.UNAVAILABLE, f"kube-apiserver{_at(exc)} unreachable: {what}: {exc}") from None
+
+
+def _at(exc: Exception) -> str:
+    """" at host:port" of the connection that failed, when urllib3 says."""
+    conn = getattr(exc, "conn", None) or getattr(exc, "pool", None)
+    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+    return f" at {host}:{port}" if host else ""
 
 
 def _ready(node: client.V1Node) -> tuple[bool, datetime | None]:
@@ -164,6 +171,7 @@ class KubernetesActivities:
             self.read_node("fleetmedic-warm-up")
         except Exception as exc:  # NotFound is the expected answer; anything else only costs latency
             log.debug("kubernetes warm-up: %s", exc)
+        self.node_watch.snapshot()  # the node watch starts now: the cordon breaker counts from it
 
     def _dry(self, requested: bool) -> bool:
         return requested or self.force_dry_run

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from temporalio import activity
 
+from activities.breaker import CordonBreaker, GuardViews
 from activities.kube_client import protective_lane
 from activities.kubernetes import KubernetesActivities, node_info
 from activities.slurm import SlurmActivities
@@ -46,9 +47,12 @@ T = TypeVar("T")
 
 
 class ProtectiveActivities:
-    def __init__(self, kubernetes: KubernetesActivities, slurm: SlurmActivities, *, slots: int = 8) -> None:
+    def __init__(self, kubernetes: KubernetesActivities, slurm: SlurmActivities, *, slots: int = 8,
+                 breaker: CordonBreaker | None = None, views: GuardViews | None = None) -> None:
         self.kubernetes = kubernetes
         self.slurm = slurm
+        # The cordon breaker and the fleet pause (activities/breaker.py); None: no bound (unit tests).
+        self.breaker, self.views = breaker, views
         # One thread per protective step at once, and twice that for the calls each makes side by
         # side (Kubernetes and Slurm are asked together; each call keeps its own timeout).
         self.steps = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="fleetmedic-protective")
@@ -66,6 +70,10 @@ class ProtectiveActivities:
         Its Kubernetes requests take the protective rate-limit bucket (activities/kube_client.py).
         A coroutine whose work runs on the step's own threads: as a local activity it never
         waits for a thread of the worker's activity pool, which the runs' other steps hold."""
+        if self.views is not None and request.cluster:
+            self.views.start()
+            if self.views.get(request.cluster).read_at == 0:  # the worker's first step: read the guard now
+                await self.views.read(request.cluster)
         return await asyncio.get_running_loop().run_in_executor(
             self.steps, contextvars.copy_context().run, self._in_lane, request)
 
@@ -84,6 +92,11 @@ class ProtectiveActivities:
         node = node_info(raw, self.kubernetes.policy.labels.gpu_resource) if raw is not None else None
         if raw is None or opt_out.opted_out:
             return Protection(node=node, opt_out=opt_out, jobs=jobs.result() if jobs is not None else None)
+        if self.breaker is not None and request.cluster and not request.dry_run:
+            decision = self.breaker.decide(request.cluster, request.node)
+            if decision.held is not None:  # nothing written: the run waits for its lease
+                return Protection(node=node, opt_out=opt_out, jobs=jobs.result() if jobs is not None else None,
+                                  held=decision.held, held_by=decision.held_by, trip=decision.trip)
         writes: list[Future[ActionResult]] = []
         if request.taint is None:
             writes.append(self._submit(self.kubernetes.cordon, NodeTarget(

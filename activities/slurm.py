@@ -129,12 +129,26 @@ def node_from_scontrol(line: str) -> SlurmNode:
                      reason="" if reason == "none" else reason)
 
 
+def slurmctld_address(slurm_conf: str) -> str:
+    """`host:port` of the (first) slurmctld that `slurm_conf` names, for error messages; the path
+    itself when it cannot be read."""
+    try:
+        text = open(slurm_conf, encoding="utf-8").read()
+    except OSError:
+        return f"(per {slurm_conf})"
+    host = re.search(r"^\s*(?:SlurmctldHost|ControlMachine)\s*=\s*([^\s(#]+)(?:\(([^)]+)\))?", text, re.M | re.I)
+    port = re.search(r"^\s*SlurmctldPort\s*=\s*(\d+)", text, re.M | re.I)
+    where = (host.group(2) or host.group(1)) if host else "localhost"
+    return f"{where}:{port.group(1) if port else '6817'}"
+
+
 class SlurmCli:
     """scontrol/sinfo/squeue with SLURM_CONF from settings, each call under a timeout."""
 
     def __init__(self, slurm_conf: str | None, timeout_s: float) -> None:
         self.env = {**os.environ, **({"SLURM_CONF": slurm_conf} if slurm_conf else {})}
         self.timeout = timeout_s
+        self.controller = slurmctld_address(self.env.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
 
     def run(self, *argv: str) -> str:
         done = self._run(argv)
@@ -149,12 +163,15 @@ class SlurmCli:
             return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=self.timeout,
                                   input=stdin)
         except subprocess.TimeoutExpired:
-            raise fail(ErrorKind.TIMEOUT, f"{' '.join(argv[:2])} timed out after {self.timeout}s") from None
+            raise fail(ErrorKind.TIMEOUT, f"slurmctld at {self.controller} did not answer {' '.join(argv[:2])} "
+                                          f"within {self.timeout}s") from None
 
-    @staticmethod
-    def _raise(argv: Sequence[str], done: subprocess.CompletedProcess[str], message: str) -> NoReturn:
+    def _raise(self, argv: Sequence[str], done: subprocess.CompletedProcess[str], message: str) -> NoReturn:
         message = message or f"exit {done.returncode}"
-        raise fail(_classify_cli_error(message), f"{' '.join(argv[:3])}: {message}")
+        kind = _classify_cli_error(message)
+        if kind in (ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT):  # say which system, as an operator needs it
+            raise fail(kind, f"slurmctld at {self.controller} unreachable: {' '.join(argv[:3])}: {message}")
+        raise fail(kind, f"{' '.join(argv[:3])}: {message}")
 
     def _json(self, *argv: str) -> dict[str, Any]:
         out = self.run(*argv)

@@ -113,15 +113,38 @@ class ProtectRequest(_Model):
     taint: Taint | None = None
     slurm: bool = True
     dry_run: bool = False
+    cluster: str = ""  # whose fleet guard's pause and cordon breaker apply ("": none, runs before 0.2)
+
+
+class BreakerTrip(_Model):
+    """What a protective step found when it reached the cordon breaker's bound."""
+
+    out: int  # GPU nodes gone out of service within the window (this step's not counted)
+    gpu_nodes: int
+    bound: int
+    reason: str
+
+
+class BreakerState(BreakerTrip):
+    """The fleet guard's tripped cordon breaker: it stays until a person resets it."""
+
+    tripped_at: datetime
+    by: str  # the run whose protective step tripped it
+    held: int = 0  # protective steps held since it tripped (runs that asked for a lease held by it)
 
 
 class Protection(_Model):
-    """What the protective step read and did. `node` None: no such node (nothing was written)."""
+    """What the protective step read and did. `node` None: no such node (nothing was written).
+    `held`: why nothing was written though the node is there (the cordon breaker, the fleet pause);
+    `trip`: this step found the breaker's bound reached (the counts the guard records)."""
 
     node: NodeInfo | None = None
     opt_out: OptOut
     jobs: list[SlurmJob] | None = None  # None: Slurm not enabled on this worker
     actions: list[ActionResult] = Field(default_factory=list)
+    held: str | None = None
+    held_by: Literal["breaker", "pause"] | None = None
+    trip: BreakerTrip | None = None
 
 
 class EvictRequest(_Model):
@@ -535,6 +558,9 @@ class LeaseRequest(_Model):
     node: str
     domain: str = ""  # the node's topology domain (policy budget.topology_label), "" when unknown
     requested_at: datetime | None = None
+    # The run's protective step was held by the cordon breaker: no lease while the breaker is tripped.
+    breaker_held: bool = False
+    trip: BreakerTrip | None = None  # the step found the bound reached: the guard trips the breaker
 
 
 class Lease(_Model):
@@ -582,6 +608,10 @@ class GuardState(_Model):
     # tells nobody again: re-telling 1,000 holders was 2,000 events, past the history limit at once,
     # and the guard continued-as-new and re-told them all in a loop.
     told: dict[str, int] = Field(default_factory=dict)
+    # The cordon breaker: tripped by a protective step past budget.protective, reset only by a person.
+    breaker: BreakerState | None = None
+    breaker_reset_at: datetime | None = None
+    breaker_reset_by: Operator | None = None
 
 
 class FleetCapacity(_Model):

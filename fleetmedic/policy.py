@@ -152,6 +152,19 @@ class GracePolicy(_Strict):
     job_resume_deadline: Duration = Field(default_factory=lambda: _td(minutes=15))
 
 
+class ProtectiveBudgetPolicy(_Strict):
+    """The cordon breaker: protective steps (cordon + Slurm DRAIN ahead of the lease) are cheap,
+    not free. Past either bound the breaker trips; it stays tripped until a person resets it."""
+
+    # GPU nodes that may go out of service (cordoned or NotReady, by anyone) within `window` before
+    # FleetMedic stops cordoning ahead of the lease: a share of the GPU nodes, at least `min_nodes`.
+    max_out_fraction: float = Field(0.15, gt=0, le=1)
+    min_nodes: int = Field(3, ge=1)
+    window: Duration = Field(default_factory=lambda: _td(minutes=10))
+    # FleetMedic's own protective cordons in the last minute, fleet-wide.
+    max_per_minute: int = Field(50, ge=1)
+
+
 class BudgetPolicy(_Strict):
     max_concurrent: int = Field(5, ge=1)
     max_unavailable_fraction: float = Field(0.10, gt=0, le=1)
@@ -174,6 +187,7 @@ class BudgetPolicy(_Strict):
     # go DOWN with their job requeued before their lease (the protective step). Beyond it, a storm
     # (a broken exporter, a bad driver push) waits for leases like any other. 0: never before.
     max_protective_kills_per_minute: int = Field(2, ge=0, le=1000)
+    protective: ProtectiveBudgetPolicy = Field(default_factory=ProtectiveBudgetPolicy)
 
 
 class DrainPolicy(_Strict):

@@ -64,6 +64,9 @@ def quick_policy(tmp_path: Path, **overrides: Any) -> Policy:
         "escalation": {"slack_mention": "@oncall", "reminder": "1h"},
         "retries": {"reads": {"attempts": 8, "initial_interval": "200ms", "max_interval": "2s"},
                     "writes": {"attempts": 5, "initial_interval": "200ms", "max_interval": "1s"}},
+        # The cordon breaker wide open: tests of other things take many nodes out at once on purpose
+        # (tests/test_cordon_breaker.py sets its bounds).
+        "budget": {"protective": {"max_out_fraction": 1.0, "max_per_minute": 1000}},
     }
     for key, value in overrides.items():
         doc[key] = {**doc.get(key, {}), **value} if isinstance(value, dict) else value

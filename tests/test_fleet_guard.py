@@ -21,6 +21,7 @@ from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Replayer
 
+from activities.breaker import MEMO_KEY, VIEW_EVERY
 from activities.guard import GuardActivities
 from activities.kueue import KueueTrigger
 from activities.start import signal_shared, start_or_attach
@@ -306,6 +307,7 @@ async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Clie
             id=node_workflow_id("xid-recovery", cluster, "gpu-1"), task_queue=task_queue, result_type=RunbookStatus)
         await status_when(first, lambda s: s.step == "wait for node Ready", timeout=120)
         await guard.signal("pause", Operator(by="dana", reason="change freeze"))
+        await published_to_workers(guard, lambda fleet: fleet.get("paused") is not None)
         second = await client.start_workflow(
             "xid-recovery", NodeRunbookInput(cluster=cluster, node="gpu-2", gpu=0, xid=79),
             id=node_workflow_id("xid-recovery", cluster, "gpu-2"), task_queue=task_queue, result_type=RunbookStatus)
@@ -314,17 +316,29 @@ async def test_fleet_pause_holds_destructive_steps_but_not_recovery(client: Clie
             report = await asyncio.wait_for(first.result(), 60)
             assert report.outcome == "remediated"
             assert not kube.get("v1", "Node", "gpu-1")["spec"].get("unschedulable")
-            # Run 2 gets no lease while paused: its node is cordoned (protective, before the lease),
-            # nothing destructive happened to it: its pod runs on, no replacement was asked.
+            # Run 2 gets no lease while paused, and its node is not even cordoned (the pause holds the
+            # protective step too): its pod runs on, no replacement was asked.
             await status_when(second, lambda s: s.step == "take disruption lease"
                               and "paused by dana" in (s.waiting_for or ""))
-            assert kube.get("v1", "Node", "gpu-2")["spec"].get("unschedulable") is True
+            assert not kube.get("v1", "Node", "gpu-2")["spec"].get("unschedulable")
             assert kube.get("v1", "Pod", "trainer-gpu-2", "training") is not None
             assert [r["node"] for r in provider_http.accepted()] == ["gpu-1"]
             state = await guard_state(client, cluster)
             assert state.paused is not None and state.paused.reason == "change freeze"
             await guard.signal("resume", Operator(by="dana"))
             assert (await asyncio.wait_for(second.result(), 60)).outcome == "remediated"
+
+
+async def published_to_workers(guard: WorkflowHandle[Any, Any], seen: Callable[[dict[str, Any]], bool]) -> None:
+    """Until the guard's memo (what each worker's protective step reads, activities/breaker.py) shows
+    `seen`, and a worker has had time to read it (every VIEW_EVERY)."""
+    for _ in range(100):
+        fleet = (await (await guard.describe()).memo()).get(MEMO_KEY) or {}
+        if seen(fleet):
+            await asyncio.sleep(2 * VIEW_EVERY)
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError("the guard never published it in its memo")
 
 
 async def shows_first_in_line(client: Client, workflow_id: str) -> None:

@@ -45,8 +45,9 @@ async def test_saved_history_replays(path: Path) -> None:
 
 
 def test_there_are_histories_to_replay() -> None:
-    """Recorded from 0.1.0 (docs/upgrading.md), named by scenario: every runbook and the guard, each
-    way a run can end, and each kind of wait a run can be in when a worker is replaced."""
+    """Recorded from 0.1.0 (docs/upgrading.md), then from each patch's new behaviour, named by
+    scenario: every runbook and the guard, each way a run can end, and each kind of wait a run can be
+    in when a worker is replaced."""
     assert {p.stem for p in HISTORIES} >= {
         # how a node runbook ends
         "xid-recovery-remediated", "xid-recovery-aborted", "xid-recovery-shadow", "xid-recovery-dry-run-outcome",
@@ -66,7 +67,10 @@ def test_there_are_histories_to_replay() -> None:
         "migrate-back-batch-aborted", "traffic-flip-stop-wait-aborted",
         # traffic, Kueue and the guard
         "traffic-flip-flipped", "migrate-back-migrated", "kueue-quota-sync-cut-approved",
-        "xid-recovery-remediated-kueue-sync", "fleet-guard-grants-in-batches"}
+        "xid-recovery-remediated-kueue-sync", "fleet-guard-grants-in-batches",
+        # 0.2.0, behind their patches (docs/upgrading.md): the pause holds the protective step; its
+        # retries said in the status
+        "xid-recovery-held-by-the-pause", "xid-recovery-protect-retries-said"}
 
 
 @workflow.defn(name="xid-recovery", sandboxed=False)

@@ -110,6 +110,10 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
     return Release(version, commit, str(python), root)
 
 
+# Policy keys added since the previous release (a site adds them once every old worker is gone).
+NEWER_POLICY_KEYS = {"budget": ["protective"]}
+
+
 @dataclass
 class Upgrade:
     """One test's two workers over the same Temporal, Kubernetes and Slurm: the release's, then ours."""
@@ -121,8 +125,13 @@ class Upgrade:
     def env(self) -> dict[str, str]:
         stack = self.stack
         policy_file = stack.tmp_path / "policy.yaml"
-        policy_file.write_text(yaml.safe_dump(self.policy.serving(stack.task_queue).model_dump(mode="json",
-                                                                                                by_alias=True)))
+        # The policy file both workers read, as a site's ConfigMap is during a rollout: keys the
+        # previous release does not know yet are left out (it refuses unknown keys, on purpose).
+        policy = self.policy.serving(stack.task_queue).model_dump(mode="json", by_alias=True)
+        for section, keys in NEWER_POLICY_KEYS.items():
+            for key in keys:
+                policy.get(section, {}).pop(key, None)
+        policy_file.write_text(yaml.safe_dump(policy))
         return {**os.environ, "TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
                 "FLEETMEDIC_TASK_QUEUE": stack.task_queue, "FLEETMEDIC_POLICY": str(policy_file),
                 "KUBECONFIG": str(stack.kube.kubeconfig), "FLEETMEDIC_KUBE_TIMEOUT": "4",

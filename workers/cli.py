@@ -107,6 +107,12 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("--by", default=os.environ.get("USER", "cli"), help="who (recorded everywhere)")
         command.add_argument("--cluster", help="default: FLEETMEDIC_CLUSTER")
         guard_commands.append(command)
+    breaker = sub.add_parser("breaker", help="the cordon breaker: `breaker reset --by NAME` once you have looked at "
+                                             "why it tripped (it never resets by itself)")
+    breaker.add_argument("action", choices=["reset"])
+    breaker.add_argument("--by", default=os.environ.get("USER", ""), help="who resets it (required)")
+    breaker.add_argument("--reason", default="")
+    breaker.add_argument("--cluster", help="default: FLEETMEDIC_CLUSTER")
     answers = []
     for name, text in (("approve", "approve the step a runbook waits on"),
                        ("reject", "reject the step a runbook waits on (needs --reason); the run ends")):
@@ -138,7 +144,8 @@ def parser() -> argparse.ArgumentParser:
     policy.add_argument("action", choices=("check", "default"))
     policy.add_argument("file", nargs="?")
 
-    for command in (run, audit, sub.choices["status"], sub.choices["worker"], webhook, *guard_commands, *answers):
+    for command in (run, audit, sub.choices["status"], sub.choices["worker"], webhook, breaker, *guard_commands,
+                    *answers):
         command.add_argument("--address", help="Temporal address (default: TEMPORAL_ADDRESS or localhost:7233)")
         command.add_argument("--namespace", help="Temporal namespace (default: TEMPORAL_NAMESPACE or default)")
     return p
@@ -244,6 +251,9 @@ def policy_command(args: argparse.Namespace) -> int:
 async def client_command(args: argparse.Namespace, settings: Settings) -> int:
     from workers.temporal_client import connect
 
+    if args.command == "breaker" and not args.by.strip():
+        print("fleetmedic breaker reset: --by is required (who looked at why it tripped)", file=sys.stderr)
+        return 2
     client = await connect()
     if args.command == "run":
         return await run_command(client, args, settings)
@@ -251,6 +261,8 @@ async def client_command(args: argparse.Namespace, settings: Settings) -> int:
         return await status_command(client, args.cluster or settings.cluster, args.output)
     if args.command in ("pause", "resume"):
         return await guard_command(client, args, settings)
+    if args.command == "breaker":
+        return await breaker_command(client, args, settings)
     if args.command in ("approve", "reject"):
         handle = client.get_workflow_handle(args.workflow_id)
         try:
@@ -338,6 +350,20 @@ async def guard_command(client: Client, args: argparse.Namespace, settings: Sett
     return 0
 
 
+async def breaker_command(client: Client, args: argparse.Namespace, settings: Settings) -> int:
+    """`breaker reset`: signal the cluster's fleet guard (signal `reset_breaker`, also sendable from the UI)."""
+    cluster = args.cluster or settings.cluster
+    state = await guard_state(client, cluster)
+    if state is None or state.breaker is None:
+        print(f"fleet-guard/{cluster}: the cordon breaker is not tripped; nothing to reset")
+        return 0
+    await client.get_workflow_handle(guard_workflow_id(cluster)).signal(
+        "reset_breaker", Operator(by=args.by.strip(), reason=args.reason))
+    print(f"fleet-guard/{cluster}: cordon breaker reset by {args.by.strip()} (it had held {state.breaker.held} "
+          f"run(s); they now wait for their lease under the budget)")
+    return 0
+
+
 async def guard_state(client: Client, cluster: str) -> GuardState | None:
     try:
         state: GuardState = await client.get_workflow_handle(guard_workflow_id(cluster)).query(
@@ -356,6 +382,11 @@ async def guard_lines(client: Client, cluster: str) -> list[str]:
              f"{state.grants} granted so far"]
     if state.capacity_unknown:
         lines.append(f"  NO NEW LEASES: {state.capacity_unknown}")
+    if state.breaker is not None:
+        b = state.breaker
+        lines.append(f"  CORDON BREAKER TRIPPED at {b.tripped_at:%Y-%m-%d %H:%M:%S} by {b.by}: {b.out} of "
+                     f"{b.gpu_nodes} GPU nodes went out (bound {b.bound}); {b.held} run(s) held, nothing cordoned "
+                     f"ahead of the lease. {b.reason}. Reset: fleetmedic breaker reset --by NAME")
     lines += [f"  lease    {h.workflow_id} (node {h.node}, since {h.granted_at:%H:%M:%S})" for h in state.holders]
     lines += [f"  waiting  {i}. {q.workflow_id}" for i, q in enumerate(state.queue, start=1)]
     return lines

@@ -29,6 +29,7 @@ from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRu
 
 import fleetmedic
 from activities.agent import AgentActivities
+from activities.breaker import CordonBreaker, GuardViews
 from activities.burn_in import BurnInActivities
 from activities.config import ConfigActivities
 from activities.guard import GuardActivities
@@ -107,7 +108,13 @@ class Activities:
         context = RunContext(slurm_enabled=slurm_enabled(settings), agent_configured=bool(settings.agent_url),
                              provider=provider.name, provider_supports=sorted(provider.supports),
                              wait_queue=wait_queue(settings))
-        self.protective = ProtectiveActivities(kubernetes, slurm, slots=settings.protective_slots).activities()
+        # The cordon breaker: the worker's node watch counts, the guards' memo says paused or tripped.
+        self.views = GuardViews(client, list(policy.routing.served_clusters))
+        # The first protective steps after a start wait (up to 10 s) for the watch's first list: a
+        # storm that arrives with a new worker is counted too.
+        breaker = CordonBreaker(policy, lambda: kubernetes.node_watch.snapshot(wait_s=10), self.views.get)
+        self.protective = ProtectiveActivities(kubernetes, slurm, slots=settings.protective_slots, breaker=breaker,
+                                               views=self.views).activities()
         providers = ProviderActivities(provider, force_dry_run=dry, blocking=blocking)
         traffic = TrafficActivities(kubernetes, settings.prometheus_url)
         self.waits: list[Callable[..., Any]] = [kubernetes.wait_node_ready, kubernetes.evict_pods,
@@ -130,7 +137,13 @@ class Activities:
             TemporalActivities(client, settings.task_queue),
         ]
         self.all = [fn for group in groups for fn in group.activities()] + self.protective
-        self.close = kubernetes.node_watch.stop  # once the pollers have stopped
+        self.node_watch = kubernetes.node_watch
+
+
+    def close(self) -> None:
+        """Once the pollers have stopped: no more node watch, no more reads of the guards."""
+        self.node_watch.stop()
+        self.views.stop()
 
 
 def build_activities(settings: Settings, policy: Policy, client: Client,
@@ -153,8 +166,8 @@ WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
 
 class FleetWorker:
     """The worker's pollers, started and stopped together: the main task queue (workflows and every
-    activity), the protective queue (the protective step, with its own slots) and the waits queue
-    (long async waits: no thread each, and never the slots other steps need)."""
+    activity), the waits queue (long async waits: no thread each, and never the slots other steps
+    need) and the fleet guards' queue."""
 
     def __init__(self, main: Worker, *others: Worker, cache: CacheSize,
                  on_close: Callable[[], None] = lambda: None) -> None:

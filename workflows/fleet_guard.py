@@ -17,6 +17,12 @@ It also answers protective kills: a runbook whose XID already killed the job on 
 `budget.max_protective_kills_per_minute` are granted a minute, none while paused, and a refused
 one simply waits for its lease. Nobody waits in line for a kill.
 
+It holds the cordon breaker (activities/breaker.py): a protective step that finds too many GPU
+nodes gone out of service says so with its lease request, and the breaker trips — until a person
+resets it (signal `reset_breaker`, `fleetmedic breaker reset`), no run whose protective step it held
+gets a lease, and every worker holds new protective steps. The guard publishes the pause and the
+breaker in its memo, which each worker reads without a workflow task.
+
 A plain `wait_condition` on a counter would let every waiter through at once; here each grant is
 a decision recorded in the guard's history and a `lease` signal to exactly one runbook. The guard
 pauses the whole fleet (no new lease, and every runbook told to hold before its next destructive
@@ -29,7 +35,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
@@ -37,6 +43,7 @@ from temporalio.exceptions import ActivityError, FailureError
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
     from fleetmedic.models import (
+        BreakerState,
         FleetCapacity,
         GuardState,
         KillAnswer,
@@ -55,6 +62,9 @@ CAPACITY_TTL = timedelta(seconds=5)
 HOUR = timedelta(hours=1)
 MINUTE = timedelta(minutes=1)
 T = TypeVar("T")
+# Since 0.2.0 the guard publishes the fleet pause and the cordon breaker in its memo (each upsert a
+# command): guards started by 0.1.0 replay without (docs/upgrading.md).
+PUBLISHES_FLEET = "guard-publishes-pause-and-breaker"
 
 
 # Waiters this near the front hear every move in line.
@@ -119,6 +129,14 @@ class FleetGuard:
 
     @workflow.signal(description="Internal (runbooks): ask for a disruption lease, answered by signal `lease`")
     def request(self, request: LeaseRequest) -> None:
+        if request.trip is not None and self.state.breaker is None:
+            # A protective step found too many GPU nodes gone out: the breaker trips (and stays).
+            self.state.breaker = BreakerState(**request.trip.model_dump(), tripped_at=workflow.now(),
+                                              by=request.workflow_id)
+            self.told.clear()  # everyone held hears why
+            workflow.logger.warning("cordon breaker tripped by %s: %s", request.workflow_id, request.trip.reason)
+        if request.breaker_held and self.state.breaker is not None and request.workflow_id not in self.in_line:
+            self.state.breaker = self.state.breaker.model_copy(update={"held": self.state.breaker.held + 1})
         if request.workflow_id in self.holding:
             self.told.pop(request.workflow_id, None)  # a retried request: answer "granted" again
         elif request.workflow_id not in self.in_line:
@@ -157,7 +175,18 @@ class FleetGuard:
         self.told.clear()
         self.dirty = True
 
-    @workflow.query(name="state", description="Leases held, the line, the fleet pause, kills granted")
+    @workflow.signal(description='Reset the tripped cordon breaker, after looking at why it tripped: {"by": "alice", '
+                                  '"reason": "..."} — `fleetmedic breaker reset`')
+    def reset_breaker(self, operator: Operator) -> None:
+        if self.state.breaker is not None:
+            workflow.logger.info("cordon breaker reset by %s", operator.by)
+        self.state.breaker = None
+        # Nodes that went out before now were looked at: the breaker counts from here.
+        self.state.breaker_reset_at, self.state.breaker_reset_by = workflow.now(), operator
+        self.told.clear()
+        self.dirty = True
+
+    @workflow.query(name="state", description="Leases held, the line, the fleet pause, the cordon breaker, kills")
     def state_query(self) -> GuardState:
         return self.state
 
@@ -165,6 +194,9 @@ class FleetGuard:
 
     @workflow.run
     async def run(self, state: GuardState) -> None:
+        # Decided before the policy's local activity (docs/upgrading.md: never right after one).
+        self.publishes = workflow.patched(PUBLISHES_FLEET)
+        self.published: dict[str, Any] | None = None
         self.policy = await local(refs.CONFIG_POLICY, ())
         limit = self.policy.budget.guard_history_events
         while True:
@@ -175,6 +207,8 @@ class FleetGuard:
                 self.reclaimed_at = workflow.now()
             await self.grant()
             await self.tell()
+            if self.publishes:
+                self.publish()
             if self.state.kill_requests:
                 await self.answer_kills()
             self.record_metrics()
@@ -226,6 +260,9 @@ class FleetGuard:
             request = self.state.queue[index]
             if request.node not in out and len(out) + 1 > allowed_out:
                 break  # the next disruption would take too much of the fleet out
+            if request.breaker_held and self.state.breaker is not None:
+                index += 1  # held by the tripped breaker: nothing of it is out yet, the next may pass
+                continue
             if request.domain and domains.out(request) >= budget.max_per_domain:
                 index += 1  # its domain is full: the next in line may pass
                 continue
@@ -255,6 +292,8 @@ class FleetGuard:
         for request in asked:
             if self.state.paused is not None:
                 answer = KillAnswer(granted=False, reason=f"fleet paused by {self.state.paused.by}")
+            elif self.state.breaker is not None:
+                answer = KillAnswer(granted=False, reason="the cordon breaker is tripped")
             elif len(self.state.killed_recently) >= limit:
                 answer = KillAnswer(granted=False, reason=f"{len(self.state.killed_recently)} protective kill(s) in "
                                                           f"the last minute (budget.max_protective_kills_per_minute "
@@ -283,6 +322,11 @@ class FleetGuard:
         meter.create_gauge("fleetmedic_guard_waiting", "runbooks waiting for a lease").set(len(self.state.queue))
         meter.create_gauge("fleetmedic_guard_paused", "1 while the fleet is paused").set(
             int(self.state.paused is not None))
+        breaker = self.state.breaker
+        meter.create_gauge("fleetmedic_cordon_breaker_tripped", "1 while the cordon breaker is tripped").set(
+            int(breaker is not None))
+        meter.create_gauge("fleetmedic_cordon_breaker_held", "protective steps held since the breaker tripped").set(
+            breaker.held if breaker is not None else 0)
         meter.create_gauge_float("fleetmedic_guard_out_fraction", "share of GPU nodes out of service").set(
             self.out_fraction)
 
@@ -318,14 +362,30 @@ class FleetGuard:
             if told != position and worth_telling(told, position):
                 due.append((request.workflow_id, position))
         due, _ = self.batch(due)
-        paused = self.state.paused
+        paused, breaker = self.state.paused, self.state.breaker
         reason = f"paused by {paused.by}" if paused else "budget in use"
+        held = {q.workflow_id for q in self.state.queue if q.breaker_held} if breaker else set()
+        why_held = (f"held by the cordon breaker, tripped {breaker.tripped_at:%H:%M:%S} ({breaker.out} of "
+                    f"{breaker.gpu_nodes} GPU nodes out, bound {breaker.bound}): a person resets it with "
+                    "`fleetmedic breaker reset`") if breaker else ""
         delivered = await asyncio.gather(*(self._signal(workflow_id, LeaseAnswer(
             granted=True, paused=paused, out_fraction=self.out_fraction) if position == 0 else LeaseAnswer(
-            granted=False, position=position, paused=paused, reason=reason)) for workflow_id, position in due))
+            granted=False, position=position, paused=paused, reason=why_held if workflow_id in held else reason))
+            for workflow_id, position in due))
         for (workflow_id, position), ok in zip(due, delivered, strict=True):
             if ok:
                 self.told[workflow_id] = position
+
+    def publish(self) -> None:
+        """The pause and the breaker in the guard's memo, when they changed: every worker reads them
+        there before a protective step (activities/breaker.py), without a workflow task."""
+        reset = self.state.breaker_reset_at
+        fleet = {"paused": self.state.paused.model_dump(mode="json") if self.state.paused else None,
+                 "breaker": self.state.breaker.model_dump(mode="json", exclude={"held"}) if self.state.breaker
+                 else None, "breaker_reset_at": reset.isoformat() if reset else None}
+        if fleet != self.published:
+            workflow.upsert_memo({"fleet": fleet})
+            self.published = fleet
 
     def batch(self, signals: list[T]) -> tuple[list[T], list[T]]:
         """The signals this workflow task sends, and those left for the next round (which comes at

@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic import ids
     from fleetmedic.decisions import approval_reason
     from fleetmedic.models import (
+        BreakerTrip,
         KillAnswer,
         LeaseRequest,
         NodeRunbookInput,
@@ -42,6 +43,8 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic.trust import node_name_error
 
 POLL = timedelta(seconds=2)
+# The protective step's retries in the workflow, each failure in the run's status (0.2.0).
+PROTECT_RETRIES_SAID = "protect-retries-said"
 # A fault confirmed before a lease that took longer than this to come is confirmed again.
 RECHECK_AFTER = timedelta(minutes=1)
 
@@ -72,6 +75,13 @@ class NodeRunbookBase(Runbook):
     # The protective step (cordon or taint + Slurm DRAIN, before the lease): what it read and did.
     protection: Protection | None = None
     protective_taint: Taint | None = None
+    # The protective step held by the cordon breaker (no lease while it is tripped), and the counts
+    # when this run's step was the one that found its bound reached (the guard trips on them).
+    breaker_held = False
+    breaker_trip: BreakerTrip | None = None
+    # Since 0.2.0 the protective step's retries are the workflow's, each failure said in the run's
+    # status (decided in `load`, before the first local activity: docs/upgrading.md).
+    protect_retries_said = False
     kill_answer: KillAnswer | None = None  # the fleet guard's answer to a protective kill
     killed: tuple[SlurmJob, ...] = ()  # jobs requeued by the protective kill (their XID had killed them)
     out_since: datetime | None = None  # when the node left service (Slurm DOWN/DRAIN and cordon)
@@ -139,6 +149,7 @@ class NodeRunbookBase(Runbook):
 
     async def load(self, xid: int | None = None) -> Policy:
         self.enter("load policy")
+        self.protect_retries_said = workflow.patched(PROTECT_RETRIES_SAID)
         # Local activities: the worker's own configuration, no round trip through the task queue.
         policy, context = await asyncio.gather(
             local(refs.CONFIG_POLICY, ()), local(refs.CONFIG_CONTEXT, ()))
@@ -164,7 +175,7 @@ class NodeRunbookBase(Runbook):
     def protected(self) -> bool:
         """The protective step took the node out (cordon or taint, Slurm DRAIN), or would have."""
         return self.protection is not None and self.protection.node is not None \
-            and not self.protection.opt_out.opted_out
+            and not self.protection.opt_out.opted_out and self.protection.held is None
 
     def target(self, reason: str = "") -> NodeTarget:
         return NodeTarget(node=self.node, workflow_id=self.workflow_id, reason=reason, dry_run=self.dry_run)
@@ -251,7 +262,8 @@ class NodeRunbookBase(Runbook):
             raise NothingToDo("unknown-node", f"node {self.node} does not exist in Kubernetes: nothing to remediate")
         label = self.policy.budget.topology_label
         domain = node.labels.get(label, "") if node and label else ""
-        request = LeaseRequest(workflow_id=self.workflow_id, node=self.node, domain=domain)
+        request = LeaseRequest(workflow_id=self.workflow_id, node=self.node, domain=domain,
+                               breaker_held=self.breaker_held, trip=self.breaker_trip)
         await self.call("take disruption lease", refs.GUARD_REQUEST, (self.cluster, request))
         self.lease_held = True  # from here on, every way out releases it
         timeout = self.policy.budget.lease_timeout

@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         EvictionReport,
         EvictRequest,
         LeaseRequest,
+        Protection,
         ProtectRequest,
         RequeueJob,
         SetSlurmNodeState,
@@ -96,9 +97,9 @@ class TakeOutSteps(NodeRunbookBase):
             self.decide("protect", f"nothing before the lease: {why}")
             return
         request = ProtectRequest(node=self.node, workflow_id=self.workflow_id, reason=reason, taint=taint,
-                                 slurm=self.context.slurm_enabled, dry_run=self.dry_run)
+                                 slurm=self.context.slurm_enabled, dry_run=self.dry_run, cluster=self.cluster)
         protection = await self.call("protect", refs.PROTECT_NODE, request, retry=self.retry("writes"),
-                                     in_task=True)
+                                     in_task=True, retries_said=self.protect_retries_said)
         if protection is None:
             self.decide("protect", "skipped by an operator: the node stays in service until the lease")
             return
@@ -107,6 +108,9 @@ class TakeOutSteps(NodeRunbookBase):
             raise NothingToDo("unknown-node", f"node {self.node} does not exist in Kubernetes: nothing to remediate")
         if protection.opt_out.opted_out:
             raise OptedOut("protect", protection.opt_out.reasons)
+        if protection.held is not None:
+            await self.held_from_protecting(protection)
+            return
         self.out_since = workflow.now()
         self.node_gpus = protection.node.gpu_allocatable
         for action in protection.actions:
@@ -116,6 +120,21 @@ class TakeOutSteps(NodeRunbookBase):
             self.decide("protect", "jobs on the node keep running until the lease: " + ", ".join(
                 f"{j.job_id} ({j.name})" for j in protection.jobs))
         await self.request_quota_sync("protect")
+
+    async def held_from_protecting(self, protection: Protection) -> None:
+        """The cordon breaker (or the fleet pause) held the protective step: nothing was written. The
+        run keeps the alert and waits in line for its lease like any destructive step; the steps
+        after the lease take the node out."""
+        assert self.policy is not None and protection.held is not None and protection.node is not None
+        self.node_gpus = protection.node.gpu_allocatable
+        self.breaker_held = protection.held_by == "breaker"
+        self.breaker_trip = protection.trip
+        self.decide("protect", f"nothing cordoned ahead of the lease: {protection.held}")
+        if protection.trip is not None:  # this run found the bound: the guard trips on its request
+            await self.say(f":no_entry: *cordon breaker tripped* on `{self.node}`: {protection.trip.reason}. "
+                           "Runs that alert now wait for their lease, none of them cordoned ahead; a person resets "
+                           "the breaker with `fleetmedic breaker reset --by NAME`.",
+                           mention=self.policy.escalation.slack_mention)
 
     async def kill_lost_jobs(self, reason: str) -> None:
         """The XID already killed what ran on the GPU (catalog `job_lost`): the node goes DOWN and its

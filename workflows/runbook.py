@@ -389,21 +389,26 @@ class Runbook:
                    timeout: timedelta | None = None, retry: RetryPolicy | None = None,
                    heartbeat: timedelta | None = None, summary: str | None = None,
                    escalate: bool = True, task_queue: str | None = None, in_task: bool = False,
-                   until: Callable[[], bool] | None = None) -> Out | None:
+                   until: Callable[[], bool] | None = None, retries_said: bool = False) -> Out | None:
         """Run one activity; when its retries are exhausted, escalate and wait for an answer.
         `task_queue`: another queue than the run's. `in_task`: as a local activity, inside the
         workflow task that asks for it, on the worker running the run (the protective step: no
         round trip through the server, no queue to wait in). `until`: a long wait that an abort
-        or `until()` ends early (`until_done`).
+        or `until()` ends early (`until_done`). `retries_said` (with `in_task`): the retries are the
+        workflow's, one attempt at a time, each failure in the run's status and the UI's details as
+        it happens — a local activity's own retries show nowhere until they are all spent.
 
         Returns None when the operator answered `skip`, or `until()` ended the wait.
         """
+        policy = retry or self.retry("reads")
+        tries, delay = 1, policy.initial_interval
         while True:
             self.check_abort()
             self.shown()
             options: dict[str, Any] = {"start_to_close_timeout": timeout or self.call_timeout(),
-                                       "retry_policy": retry or self.retry("reads"),
-                                       "summary": summary or f"{step}: {activity.name}"}
+                                       "retry_policy": policy, "summary": summary or f"{step}: {activity.name}"}
+            if in_task and retries_said:
+                options["retry_policy"] = RetryPolicy(maximum_attempts=1)
             try:
                 if in_task:
                     result: Out | None = await local(activity, arg, **options)
@@ -416,6 +421,16 @@ class Runbook:
             # A local activity whose retries ran out raises its own error, not wrapped in an
             # ActivityError as a task queue's activity is (its timeout is wrapped): both escalate.
             except (ActivityError, ApplicationError) as err:
+                if in_task and retries_said and tries < (policy.maximum_attempts or 1) and _retryable(err, policy):
+                    self.waiting_for = (f"try {tries + 1} of {policy.maximum_attempts} of {step} in {delay}; "
+                                        f"try {tries} failed: {_describe(err)}")
+                    self.decide(step, f"try {tries} failed: {_describe(err)}")
+                    await self.sleep(delay, summary=f"{step}: try again")
+                    self.waiting_for = None
+                    tries, delay = tries + 1, min(delay * policy.backoff_coefficient,
+                                                  policy.maximum_interval or delay * policy.backoff_coefficient)
+                    continue
+                tries, delay = 1, policy.initial_interval
                 if not escalate:
                     raise
                 answer = await self.escalate(step, _describe(err))
@@ -645,6 +660,13 @@ def input_error(raw: Any, model: type[BaseModel]) -> str | None:
     except ValidationError as exc:
         return "; ".join(f"{where or 'input'}: {why}" for where, why in validation_errors(exc))
     return None
+
+
+def _retryable(err: ActivityError | ApplicationError, policy: RetryPolicy) -> bool:
+    cause = err.cause if isinstance(err, ActivityError) else err
+    if isinstance(cause, ApplicationError):
+        return not cause.non_retryable and (cause.type or "") not in (policy.non_retryable_error_types or ())
+    return True
 
 
 def _describe(err: ActivityError | ApplicationError) -> str:
