@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -45,6 +46,7 @@ from typing import Any
 import httpx
 import yaml
 from kubernetes import client as k8s_client
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -153,7 +155,9 @@ async def main(nodes: int, failing: int, replace_s: float, max_per_hour: int,
                     guard = await env.client.get_workflow_handle(f"fleet-guard/{CLUSTER}").query(
                         "state", result_type=GuardState)
                     for name in bad:
-                        await env.client.get_workflow_handle(f"xid-recovery/{CLUSTER}/{name}").terminate("bench over")
+                        with contextlib.suppress(RPCError):  # those the lease let finish are closed already
+                            await env.client.get_workflow_handle(f"xid-recovery/{CLUSTER}/{name}").terminate(
+                                "bench over")
                 else:
                     for name in bad:
                         handle = env.client.get_workflow_handle(f"xid-recovery/{CLUSTER}/{name}")
@@ -169,9 +173,13 @@ async def main(nodes: int, failing: int, replace_s: float, max_per_hour: int,
             requests = len(sent)
             evicted = [r for r in sent if r.url.path.endswith("/eviction") and r.code < 300]
     finally:
-        if worker is not None:
+        if worker is not None:  # ours, by its PID: SIGTERM, then SIGKILL past its graceful shutdown
             worker.terminate()
-            worker.wait(20)
+            try:
+                worker.wait(40)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait(10)
         await env.shutdown()
     budget, protective = policy.budget, policy.budget.protective
     bound = max(protective.min_nodes, int(protective.max_out_fraction * nodes))
