@@ -264,9 +264,9 @@ async def main(sequential: int, concurrent: int, flying: int, node_lease_s: int 
              (("s", sequential), ("b", sequential), ("c", concurrent), ("f", flying), ("l", concurrent))}
     policy = {
         # A budget that admits every run: this measures latency, not the queue the fleet guard would
-        # (rightly) form; the replacement never comes within the benchmark.
+        # (rightly) form, nor the cordon breaker's hold on a storm; the replacement never comes.
         "budget": {"max_concurrent": 10000, "max_unavailable_fraction": 1.0, "max_per_hour": 100000,
-                   "topology_label": None},
+                   "topology_label": None, "protective": {"max_out_fraction": 1.0, "max_per_minute": 100000}},
         "grace": {"node_ready_deadline": "6h"},
     }
     workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-bench-"))
