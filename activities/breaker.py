@@ -41,6 +41,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from fleetmedic import ids
 from fleetmedic.models import BreakerState, BreakerTrip, NodeInfo, Operator
 from fleetmedic.policy import Policy
+from fleetmedic.selectors import label_selector_matches
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,9 @@ class GuardViews:
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:  # no guard yet: no pause, no breaker
                 self.views[cluster] = GuardView(read_at=time.monotonic())
-            else:  # keep the last view; the node counts still bound the step
+            else:  # keep the last view (or mark it read: the steps do not ask again, the loop does);
+                # the node counts still bound the step
+                self.views.setdefault(cluster, GuardView(read_at=time.monotonic()))
                 log.debug("cannot read fleet-guard/%s: %s", cluster, err.message)
 
     async def run(self) -> None:
@@ -128,13 +131,9 @@ class CordonBreaker:
         self.lock = threading.Lock()
         self.pending: dict[str, float] = {}  # nodes this worker is cordoning → since when
 
-    def is_gpu(self, node: NodeInfo) -> bool:
-        key, _, value = self.policy.labels.gpu_node_selector.partition("=")
-        return node.labels.get(key) == value or node.gpu_allocatable > 0
-
     def decide(self, cluster: str, node: str) -> Decision:
-        """Whether the protective step on `node` may cordon now. Reserves its place when it may:
-        call `done` when the step ends."""
+        """Whether the protective step on `node` may cordon now. Reserves its place when it may (it
+        counts as gone out until the watch shows it, or for PENDING_S)."""
         view = self.views(cluster)
         if view.paused is not None:
             return Decision(held=f"fleet paused by {view.paused.by}: {view.paused.reason}; nothing is cordoned "
@@ -155,7 +154,8 @@ class CordonBreaker:
             now = self.clock()
             nodes, out_since = seen
             self.pending = {n: t for n, t in self.pending.items() if now - t < PENDING_S and n not in out_since}
-            gpu = [n for n in nodes.values() if self.is_gpu(n)]
+            # The GPU nodes as the fleet guard counts them (`labels.gpu_node_selector`).
+            gpu = [n for n in nodes.values() if label_selector_matches(self.policy.labels.gpu_node_selector, n.labels)]
             since = now - budget.window.total_seconds()
             if view.reset_at is not None:  # nodes out before the reset were looked at by a person
                 since = max(since, now - (datetime.now(UTC) - view.reset_at).total_seconds())
@@ -163,15 +163,14 @@ class CordonBreaker:
             ours = {n.name for n in gpu if out_since.get(n.name, float("-inf")) > now - MINUTE_S
                     and n.annotations.get(self.policy.labels.workflow_annotation)} | set(self.pending)
             bound = max(budget.min_nodes, int(budget.max_out_fraction * len(gpu)))
+            why = None
             if node not in recent and len(recent) + 1 > bound:
                 why = (f"{len(recent)} of {len(gpu)} GPU nodes went out of service within {budget.window} "
-                       f"(bound {bound}: {budget.max_out_fraction:.0%}); same alert on many nodes: look at the "
-                       "exporter or a fleet-wide event first")
-                return Decision(held=f"cordon breaker: {why}", held_by="breaker", trip=BreakerTrip(
-                    out=len(recent), gpu_nodes=len(gpu), bound=bound, reason=why))
-            if node not in ours and len(ours) + 1 > budget.max_per_minute:
-                why = (f"{len(ours)} protective cordons in the last minute (bound {budget.max_per_minute}); same "
-                       "alert on many nodes: look at the exporter or a fleet-wide event first")
+                       f"(bound {bound}: {budget.max_out_fraction:.0%})")
+            elif node not in ours and len(ours) + 1 > budget.max_per_minute:
+                why = f"{len(ours)} protective cordons in the last minute (bound {budget.max_per_minute})"
+            if why is not None:
+                why += "; same alert on many nodes: look at the exporter or a fleet-wide event first"
                 return Decision(held=f"cordon breaker: {why}", held_by="breaker", trip=BreakerTrip(
                     out=len(recent), gpu_nodes=len(gpu), bound=bound, reason=why))
             self.pending[node] = now

@@ -52,7 +52,7 @@ def every(interval_s: float, step: Callable[[], None], name: str) -> Iterator[No
 
 
 @contextmanager
-def provider_controller(kube: RealKube | RealKube, provider: ProviderStandIn,
+def provider_controller(kube: RealKube, provider: ProviderStandIn,
                         delay_s: float = 1.0, on_replaced: Callable[[str], None] | None = None) -> Iterator[list[str]]:
     """Play the node provider: each accepted request takes its node NotReady, then Ready again
     `delay_s` later (a new machine, or the same one rebooted, rejoining under the same name).

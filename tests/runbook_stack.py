@@ -10,10 +10,12 @@ import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError
 
 from devstack import fleet
 from devstack.controllers import provider_controller
@@ -148,11 +150,23 @@ def wait_for(predicate: Any, timeout: float = 30) -> None:
     raise AssertionError("condition not met in time")
 
 
-async def status_when(handle: WorkflowHandle[Any, Any], predicate: Any, timeout: float = 60) -> RunbookStatus:
+async def status_when(handle: WorkflowHandle[Any, Any], predicate: Any, timeout: float = 60, *,
+                      worker_swapped: bool = False) -> RunbookStatus:
+    """The run's status once `predicate` holds. `worker_swapped`: the run's worker was just replaced,
+    and a query can go to the dead one's sticky queue and come back cancelled before the server hands
+    the run to the new one: ask again (each query then has 20 s)."""
     deadline = time.monotonic() + timeout
+    status = None
     while time.monotonic() < deadline:
-        status = await handle.query("status", result_type=RunbookStatus)
+        try:
+            status = await handle.query("status", result_type=RunbookStatus,
+                                        rpc_timeout=timedelta(seconds=20) if worker_swapped else None)
+        except RPCError:
+            if not worker_swapped:
+                raise
+            await asyncio.sleep(0.5)
+            continue
         if predicate(status):
             return status
         await asyncio.sleep(0.3)
-    raise AssertionError(f"status never matched: {status}")
+    raise AssertionError(f"{handle.id}: status never matched: {status}")

@@ -23,7 +23,6 @@ import sysconfig
 import tarfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,6 @@ import pytest
 import yaml
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
-from temporalio.service import RPCError
 
 from devstack import fleet
 from devstack.controllers import provider_controller
@@ -209,26 +207,8 @@ def effects_once(stack: Stack, node: str, states: list[list[str]] = DRAIN_DOWN_I
     assert [r["node"] for r in stack.provider.accepted()].count(node) == 1, stack.provider.accepted()
 
 
-async def status_after_switch(handle: WorkflowHandle[Any, Any], ready: Callable[[RunbookStatus], bool],
-                              timeout: float = 90) -> RunbookStatus:
-    """The run's status once `ready`. Right after the switch a query can go to the killed worker's
-    sticky queue and come back cancelled before the server hands the run to the new worker: ask again."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        try:
-            status = await handle.query("status", result_type=RunbookStatus, rpc_timeout=timedelta(seconds=20))
-            if ready(status):
-                return status
-        except RPCError as err:
-            status = None
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"{handle.id}: no answer to a query within {timeout} s: {err}") from err
-        assert asyncio.get_running_loop().time() < deadline, f"{handle.id} never got there: {status}"
-        await asyncio.sleep(0.5)
-
-
 async def approve(handle: WorkflowHandle[Any, Any]) -> None:
-    await status_after_switch(handle, lambda s: s.awaiting_approval == "replace")
+    await status_when(handle, lambda s: s.awaiting_approval == "replace", 90, worker_swapped=True)
     await handle.execute_update("approve", Approval(by="erin", reason="after the upgrade"))
 
 
@@ -336,7 +316,7 @@ async def test_a_run_waiting_for_an_answer_to_its_escalation(stack: Stack, upgra
 
     async def then(started: list[WorkflowHandle[Any, RunbookStatus]]) -> None:
         # The CLI asks the run first: once the new worker answers (not the dead one's sticky queue).
-        await status_after_switch(started[0], lambda s: s.escalation is not None)
+        await status_when(started[0], lambda s: s.escalation is not None, 90, worker_swapped=True)
         answered = await asyncio.to_thread(stack.cli, "answer", started[0].id, "skip", "--by", "erin",
                                            "--reason", "frozen-0 is a test pod")
         assert answered.returncode == 0, answered.stderr

@@ -139,7 +139,6 @@ class Activities:
         self.all = [fn for group in groups for fn in group.activities()] + self.protective
         self.node_watch = kubernetes.node_watch
 
-
     def close(self) -> None:
         """Once the pollers have stopped: no more node watch, no more reads of the guards."""
         self.node_watch.stop()
