@@ -30,6 +30,7 @@ from temporalio.exceptions import CancelledError
 from activities.errors import fail
 from activities.slurm import REASON_PREFIX, SlurmActivities, scontrol_fields
 from fleetmedic.errors import ErrorKind
+from fleetmedic.job_failures import BURN_IN_JOB_PREFIX
 from fleetmedic.models import BurnIn, BurnInResult
 
 ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
@@ -43,7 +44,7 @@ def reservation_name(node: str) -> str:
 
 
 def job_name(request: BurnIn) -> str:
-    return f"fleetmedic-burnin-{request.run_id}"
+    return f"{BURN_IN_JOB_PREFIX}{request.run_id}"
 
 
 class BurnInActivities:

@@ -12,7 +12,13 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.start import RUNBOOK_TASK_TIMEOUT, start_or_attach
+from fleetmedic.ids import FLEET_NODE, node_workflow_id, run_summary, start_attributes
+from fleetmedic.job_failures import SuspectNodeInput, SuspectRequest
 from fleetmedic.trust import UntrustedValue, visibility_literal
+
+# The runbooks whose run on a node explains a job's failure there (a known hardware cause).
+HARDWARE_RUNBOOKS = ("xid-recovery", "hot-gpu-pull", "nvlink-fault-replace", "suspect-node")
 
 
 class TemporalActivities:
@@ -53,5 +59,40 @@ class TemporalActivities:
                                        non_retryable=True) from None
             raise
 
+    @activity.defn(name="temporal.hardware_runbooks")
+    async def hardware_runbooks(self, cluster: str, nodes: list[str], since: datetime) -> dict[str, str]:
+        """Node → the hardware runbook that ran there since `since` (open, or closed after it): a job
+        that failed on such a node has a known cause. One query for the whole allocation."""
+        if not nodes:
+            return {}
+        try:
+            names = ", ".join(visibility_literal(n) for n in sorted(set(nodes))[:500])
+            kinds = ", ".join(visibility_literal(r) for r in HARDWARE_RUNBOOKS)
+            after = since.isoformat().replace("+00:00", "Z")
+            query = (f"FleetCluster = {visibility_literal(cluster)} AND FleetNode IN ({names}) AND FleetRunbook IN "
+                     f'({kinds}) AND FleetDryRun = false AND (ExecutionStatus = "Running" OR CloseTime > "{after}")')
+            found: dict[str, str] = {}
+            async for run in self.client.list_workflows(query, limit=200):
+                node = run.typed_search_attributes.get(FLEET_NODE)
+                if node and node not in found:
+                    found[node] = run.id
+            return found
+        except UntrustedValue as exc:
+            raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from None
+
+    @activity.defn(name="jobs.start_suspect")
+    async def start_suspect(self, request: SuspectRequest) -> str:
+        """The suspect's trial: a suspect-node run for the node (attached to, when one is open)."""
+        workflow_id = node_workflow_id("suspect-node", request.cluster, request.node)
+        arg = SuspectNodeInput(cluster=request.cluster, node=request.node, evidence=request.evidence,
+                               dry_run=request.dry_run)
+        await start_or_attach(
+            self.client, "suspect-node", arg.model_dump(mode="json"), workflow_id=workflow_id,
+            task_queue=self.task_queue,
+            search_attributes=start_attributes("suspect-node", request.cluster, request.node, dry_run=request.dry_run),
+            summary=run_summary("suspect-node", request.cluster, request.node, why=request.evidence[:200]),
+            details=request.evidence, task_timeout=RUNBOOK_TASK_TIMEOUT)
+        return workflow_id
+
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.running, self.count_remediations]
+        return [self.running, self.count_remediations, self.hardware_runbooks, self.start_suspect]

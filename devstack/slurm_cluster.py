@@ -78,8 +78,12 @@ class SlurmStartError(RuntimeError):
 class LocalSlurmCluster:
     def __init__(self, nodes: Sequence[str] = ("gpu-a", "gpu-b", "gpu-c"), *, workdir: Path | None = None,
                  kill_wait_s: int = 5, with_rest: bool = False, cpus: int = 2,
-                 silent_nodes: Sequence[str] = (), spare_nodes: Sequence[str] = ()) -> None:
+                 silent_nodes: Sequence[str] = (), spare_nodes: Sequence[str] = (),
+                 job_comp_script: Path | None = None) -> None:
         self.nodes = list(nodes)
+        # slurmctld runs it at every job's end (JobCompType=jobcomp/script), as a site that posts job
+        # ends to FleetMedic does (deploy/slurm/fleetmedic-jobcomp).
+        self.job_comp_script = job_comp_script
         # Hosts that do not exist yet (a replacement a provider will bring): in the configuration
         # with a port of their own, their slurmd started by `boot` when the machine comes up.
         self.spare_nodes = list(spare_nodes)
@@ -148,7 +152,9 @@ class LocalSlurmCluster:
             # A short credential lifetime lets a requeued job start again within seconds.
             f"AuthInfo=socket={munge}/munge.socket,cred_expire=5",
             "AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={self.jwt_key}",
-            "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none",
+            *(["JobCompType=jobcomp/script", f"JobCompLoc={self.job_comp_script}"] if self.job_comp_script
+              else ["JobCompType=jobcomp/none"]),
+            "AccountingStorageType=accounting_storage/none",
             "JobAcctGatherType=jobacct_gather/none",
             "SchedulerParameters=bf_interval=1,sched_interval=1",
             f"KillWait={self.kill_wait_s}", "MinJobAge=600", "JobRequeue=1",

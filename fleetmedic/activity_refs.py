@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from fleetmedic.job_failures import JobEnd, OutputRequest, RestartJob, SuspectRequest
 from fleetmedic.models import (
     ActionResult,
     BurnIn,
@@ -102,6 +103,8 @@ ADD_TAINT: Activity[TaintRequest, ActionResult] = Activity("k8s.add_taint", (Tai
 REMOVE_TAINT: Activity[TaintRequest, ActionResult] = Activity("k8s.remove_taint", (TaintRequest,), ActionResult)
 EVICT_PODS: Activity[EvictRequest, EvictionReport] = Activity("k8s.evict_pods", (EvictRequest,), EvictionReport)
 RECORD_EVENT: Activity[EventRequest, ActionResult] = Activity("k8s.record_event", (EventRequest,), ActionResult)
+FAILED_TRAINING_PODS: Activity[datetime, list[JobEnd]] = Activity("k8s.failed_training_pods", (datetime,),
+                                                                  list[JobEnd])
 
 # --- Slurm -----------------------------------------------------------------------------------------
 JOBS_ON_NODE: Activity[str, list[SlurmJob]] = Activity("slurm.jobs_on_node", (str,), list[SlurmJob])
@@ -112,6 +115,9 @@ SET_SLURM_STATE: Activity[SetSlurmNodeState, ActionResult] = Activity("slurm.set
 REQUEUE_JOB: Activity[RequeueJob, ActionResult] = Activity("slurm.requeue_job", (RequeueJob,), ActionResult)
 SIGNAL_JOB: Activity[SignalJob, ActionResult] = Activity("slurm.signal_job", (SignalJob,), ActionResult)
 BURN_IN: Activity[BurnIn, BurnInResult] = Activity("slurm.burn_in", (BurnIn,), BurnInResult)
+RESTART_JOB: Activity[RestartJob, ActionResult] = Activity("slurm.restart_job", (RestartJob,), ActionResult)
+JOB_OUTPUT: Activity[OutputRequest, list[str]] = Activity("slurm.job_output", (OutputRequest,), list[str])
+ENDED_JOBS: Activity[datetime, list[JobEnd]] = Activity("slurm.ended_jobs", (datetime,), list[JobEnd])
 
 # --- storage, provider, node agent -----------------------------------------------------------------
 NEWEST_CHECKPOINT: Activity[CheckpointQuery, Checkpoint | None] = Activity(
@@ -138,6 +144,9 @@ GUARD_PAUSED: Activity[str, FleetPause] = Activity("guard.paused", (str,), Fleet
 RUNNING: Activity[list[str], list[str]] = Activity("temporal.running", (list[str],), list[str])
 COUNT_REMEDIATIONS: Activity[tuple[str, str, datetime], int] = Activity(
     "temporal.count_remediations", (str, str, datetime), int)
+HARDWARE_RUNBOOKS: Activity[tuple[str, list[str], datetime], dict[str, str]] = Activity(
+    "temporal.hardware_runbooks", (str, list[str], datetime), dict[str, str])
+START_SUSPECT: Activity[SuspectRequest, str] = Activity("jobs.start_suspect", (SuspectRequest,), str)
 
 # --- Kueue and traffic -----------------------------------------------------------------------------
 KUEUE_SNAPSHOT: Activity[NoArgs, KueueSnapshot] = Activity("kueue.snapshot", (), KueueSnapshot)

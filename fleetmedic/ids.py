@@ -6,7 +6,7 @@ from typing import Any
 
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
-NODE_RUNBOOKS = ("xid-recovery", "hot-gpu-pull", "nvlink-fault-replace")
+NODE_RUNBOOKS = ("xid-recovery", "hot-gpu-pull", "nvlink-fault-replace", "suspect-node")
 TRAFFIC_RUNBOOKS = ("traffic-flip", "migrate-back", "kueue-quota-sync")
 
 

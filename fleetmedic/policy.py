@@ -263,6 +263,58 @@ class BurnInPolicy(_Strict):
         return value
 
 
+def _regexes(value: dict[str, str]) -> dict[str, str]:
+    for name, pattern in value.items():
+        if not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", name):
+            raise ValueError(f"pattern name {name!r} must be 1-32 of a-z, 0-9 and '_' (it is a metric label)")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{name}: not a regular expression: {exc}") from None
+    return value
+
+
+class CrashPolicy(_Strict):
+    """Training-job failures (the job-failures runbook): let it crash, and if it persists, find the
+    node (fleetmedic/attribution.py says how and why)."""
+
+    enabled: bool = True
+    # Restarts FleetMedic asks for one job within `window`; past it a person is asked.
+    max_restarts: int = Field(5, ge=0, le=100)
+    window: Duration = Field(default_factory=lambda: _td(hours=24))
+    # Exit codes the training code uses for its own errors: such a failure says nothing of a node.
+    application_exit_codes: list[int] = Field(default_factory=list)
+    # Lines of the job's output that name the cause (the first that matches is the failure's cause).
+    patterns: Annotated[dict[str, str], AfterValidator(_regexes)] = Field(default_factory=lambda: {
+        "nccl": r"NCCL.*(timeout|Timeout|unhandled system error)", "cuda": r"CUDA error", "ecc": r"\bECC\b"})
+    # ... and lines that say the code failed (a Python traceback's last line): not evidence.
+    application_patterns: Annotated[dict[str, str], AfterValidator(_regexes)] = Field(default_factory=lambda: {
+        "python": r"^\w*(Error|Exception): "})
+    # The job's output is read (its last `output_tail_bytes`) only under these directories, from the
+    # path Slurm gives for the job, never from a post. Empty: output is not read.
+    output_roots: list[str] = Field(default_factory=list)
+    output_tail_bytes: int = Field(65536, ge=1024, le=4 * 1024 * 1024)
+    # A node in each of a job's last `suspect_after` failed allocations, the allocations otherwise
+    # varied, and at most `max_common_nodes` nodes in all of them: a suspect.
+    suspect_after: int = Field(3, ge=2, le=20)
+    max_common_nodes: int = Field(2, ge=1, le=16)
+    # A node in failures of at least `min_jobs` different jobs in `window` and far more than chance
+    # gives it (Poisson tail below `significance`, Bonferroni over the fleet): a suspect.
+    min_jobs: int = Field(3, ge=2, le=100)
+    significance: float = Field(0.01, gt=0, lt=1)
+    # This many different jobs failing within `widespread_window`: software, not a node; nobody out.
+    widespread_jobs: int = Field(6, ge=2)
+    widespread_window: Duration = Field(default_factory=lambda: _td(minutes=30))
+    # Suspects sent to trial within an hour, fleet-wide (a bad push must not empty the fleet).
+    max_suspects_per_hour: int = Field(2, ge=0, le=100)
+    # A failure on a node whose hardware runbook ran this recently is explained by it.
+    explained_within: Duration = Field(default_factory=lambda: _td(hours=1))
+    # How often Slurm's recently ended jobs, and the failed pods of Indexed Jobs and JobSets, are read
+    # (a job that ended while FleetMedic was down, and Kubernetes' training jobs, which post nothing).
+    reconcile_every: Duration = Field(default_factory=lambda: _td(minutes=2))
+    kubernetes_jobs: bool = True
+
+
 class StoragePolicy(_Strict):
     # Checkpoints of job <job_id> live under `root`/`layout`; the newest file or directory
     # matching it is the one the job resumes from. `{job_id}` and `{job_name}` are filled in.
@@ -477,6 +529,7 @@ class Policy(_Strict):
     lemon: LemonPolicy = LemonPolicy()
     provider: ProviderPolicy = ProviderPolicy()
     burn_in: BurnInPolicy = BurnInPolicy()
+    crash: CrashPolicy = CrashPolicy()
     storage: StoragePolicy = StoragePolicy()
     escalation: EscalationPolicy = EscalationPolicy()
     notify: NotifyPolicy = NotifyPolicy()

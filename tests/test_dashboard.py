@@ -10,6 +10,7 @@ import asyncio
 import json
 import math
 import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,17 @@ def post(webhook: str, token: str, alert: dict[str, Any]) -> httpx.Response:
                       headers={"Authorization": f"Bearer {token}"})
 
 
+def post_job_ends(webhook: str, cluster: str) -> httpx.Response:
+    now = datetime.now(UTC)
+    failed = {"job": "team/llm-1", "nodes": ["gpu-node-0", "gpu-node-1"], "state": "FAILED", "cluster": cluster,
+              "started_at": (now - timedelta(hours=2)).isoformat(), "ended_at": (now - timedelta(hours=1)).isoformat(),
+              "output_lines": ["NCCL WARN Timeout: collective operation timeout"]}
+    done = {**failed, "state": "COMPLETED", "output_lines": [], "started_at": (now - timedelta(minutes=50)).isoformat(),
+            "ended_at": now.isoformat()}
+    return httpx.post(f"{webhook}/v1/jobs/ended", json={"jobs": [failed, done]}, timeout=30,
+                      headers={"Authorization": f"Bearer {TOKEN}"})
+
+
 async def test_every_panel_and_rule_reads_live_metrics_in_a_real_prometheus(stack: Stack, tmp_path: Path) -> None:
     nodes = ["gpu-node-0", "gpu-node-1"]
     address = stack.client.service_client.config.target_host
@@ -79,6 +91,9 @@ async def test_every_panel_and_rule_reads_live_metrics_in_a_real_prometheus(stac
                         node_workflow_id("xid-recovery", stack.cluster, node), result_type=RunbookStatus))
                     if node == nodes[0]:
                         await asyncio.sleep(REPLACE_S / 2)
+                # Two training jobs end (a framework's hook): one failed, one completed after a restart.
+                ended = await asyncio.to_thread(post_job_ends, webhook.url, stack.cluster)
+                assert [a["action"] for a in ended.json()["jobs"]] == ["recorded"] * 2, ended.text
                 refused = await asyncio.to_thread(post, webhook.url, "wrong-token", xid_alert("gpu-node-2", "x"))
                 assert refused.status_code == 401
                 for handle in handles:

@@ -39,7 +39,7 @@ def test_default_policy_file_matches_the_models() -> None:
     ("traffic: {inference_selector: 'a=b,c=d'}", "traffic.inference_selector", "must be written key=value"),
     ("kueue: {queues: {training: {mode: half}}}", "kueue.queues.training.mode", "'all', 'share' or 'reserve'"),
     ("grace: {checkpoint: 1h, eviction_deadline: 10m}", "(document)", "grace.checkpoint must not be longer"),
-    ("unknown_section: 1", "unknown_section", "unknown key (valid: approvals, budget, burn_in, drain,"),
+    ("unknown_section: 1", "unknown_section", "unknown key (valid: approvals, budget, burn_in, crash, drain,"),
     ("budget: {max_concurent: 3}", "budget.max_concurent", "unknown key; did you mean 'max_concurrent'?"),
     ("grace: {checkpoint: 30m1h}", "grace.checkpoint", "largest first"),
     ("retries: {wait_heartbeat: 1s}", "retries.wait_heartbeat", "between 10s and 1h"),

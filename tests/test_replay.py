@@ -70,7 +70,10 @@ def test_there_are_histories_to_replay() -> None:
         "xid-recovery-remediated-kueue-sync", "fleet-guard-grants-in-batches",
         # 0.2.0, behind their patches (docs/upgrading.md): the pause holds the protective step; its
         # retries said in the status
-        "xid-recovery-held-by-the-pause", "xid-recovery-protect-retries-said"}
+        "xid-recovery-held-by-the-pause", "xid-recovery-protect-retries-said",
+        # 0.2.0, new runbooks: training-job failures and the suspect's trial
+        "job-failures-restarted-then-trial", "job-failures-restarts-stopped", "job-failures-widespread",
+        "job-failures-kubernetes-pods", "suspect-node-burn-in-passed", "suspect-node-burn-in-failed-replaced"}
 
 
 @workflow.defn(name="xid-recovery", sandboxed=False)

@@ -110,6 +110,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
 
 # Policy keys added since the previous release (a site adds them once every old worker is gone).
 NEWER_POLICY_KEYS = {"budget": ["protective"]}
+NEWER_POLICY_SECTIONS = ("crash",)  # the job-failures runbook's (0.2.0)
 
 
 @dataclass
@@ -129,6 +130,8 @@ class Upgrade:
         for section, keys in NEWER_POLICY_KEYS.items():
             for key in keys:
                 policy.get(section, {}).pop(key, None)
+        for section in NEWER_POLICY_SECTIONS:
+            policy.pop(section, None)
         policy_file.write_text(yaml.safe_dump(policy))
         return {**os.environ, "TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
                 "FLEETMEDIC_TASK_QUEUE": stack.task_queue, "FLEETMEDIC_POLICY": str(policy_file),

@@ -136,6 +136,9 @@ def parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="open runbooks: node, step, what each waits for")
     status.add_argument("--cluster", help="default: FLEETMEDIC_CLUSTER")
     status.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    jobs = sub.add_parser("jobs", help="training jobs: failures, restarts, lost time, ETTR; suspects on trial")
+    jobs.add_argument("--cluster", help="default: FLEETMEDIC_CLUSTER")
+    jobs.add_argument("-o", "--output", choices=("table", "json"), default="table")
     audit = sub.add_parser("audit", help="the timeline of one run, from its Temporal history")
     audit.add_argument("workflow_id")
     audit.add_argument("--format", choices=("md", "json"), default="md")
@@ -144,7 +147,7 @@ def parser() -> argparse.ArgumentParser:
     policy.add_argument("action", choices=("check", "default"))
     policy.add_argument("file", nargs="?")
 
-    for command in (run, audit, sub.choices["status"], sub.choices["worker"], webhook, breaker, *guard_commands,
+    for command in (run, audit, sub.choices["status"], jobs, sub.choices["worker"], webhook, breaker, *guard_commands,
                     *answers):
         command.add_argument("--address", help="Temporal address (default: TEMPORAL_ADDRESS or localhost:7233)")
         command.add_argument("--namespace", help="Temporal namespace (default: TEMPORAL_NAMESPACE or default)")
@@ -259,6 +262,10 @@ async def client_command(args: argparse.Namespace, settings: Settings) -> int:
         return await run_command(client, args, settings)
     if args.command == "status":
         return await status_command(client, args.cluster or settings.cluster, args.output)
+    if args.command == "jobs":
+        from workers.jobs_cli import jobs_command
+
+        return await jobs_command(client, args.cluster or settings.cluster, args.output)
     if args.command in ("pause", "resume"):
         return await guard_command(client, args, settings)
     if args.command == "breaker":

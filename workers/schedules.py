@@ -22,7 +22,7 @@ from temporalio.client import (
     ScheduleUpdateInput,
 )
 
-from activities.start import RUNBOOK_TASK_TIMEOUT
+from activities.start import RUNBOOK_TASK_TIMEOUT, start_or_attach
 from fleetmedic.details import run_details
 from fleetmedic.ids import cluster_workflow_id, run_summary, start_attributes
 from fleetmedic.policy import Policy
@@ -66,3 +66,19 @@ async def ensure_quota_schedule(client: Client, settings: Settings, policy: Poli
         await client.get_schedule_handle(schedule_id).update(update)
         log.info("schedule %s updated: every %s", schedule_id, policy.kueue.interval)
     return schedule_id
+
+
+async def ensure_job_failures(client: Client, settings: Settings, policy: Policy) -> None:
+    """The job-failures runbook of each served cluster runs from the worker's start: its
+    reconciliation reads Slurm's ended jobs and Kubernetes' failed training pods, which post nothing
+    (start-or-attach: an open run is left as it is)."""
+    if not policy.crash.enabled:
+        return
+    for cluster in policy.routing.served_clusters:
+        try:
+            await start_or_attach(client, "job-failures", {"cluster": cluster},
+                                  workflow_id=cluster_workflow_id("job-failures", cluster),
+                                  task_queue=settings.task_queue, summary=f"job-failures {cluster}",
+                                  details="training-job failures: let it crash; if it persists, find the node")
+        except Exception as exc:  # the webhook's first job end starts it anyway
+            log.warning("could not start job-failures/%s (%s); the first job end reported starts it", cluster, exc)

@@ -11,6 +11,7 @@
   reason code); 400 with the reason; 401; 413; 503 when Temporal cannot be reached or does not answer
   within FLEETMEDIC_WEBHOOK_TEMPORAL_TIMEOUT (the whole batch: Alertmanager resends it, and what
   already arrived attaches idempotently). Never any other 5xx;
+- `POST /v1/jobs/ended` and `POST /v1/jobs/slurm`: training jobs' ends (workers/job_ends.py);
 - `GET /healthz` (checks Temporal) and `GET /metrics` (every alert not acted on, by reason).
 """
 
@@ -44,6 +45,7 @@ from fleetmedic.models import Alert, AlertAnswer, AlertmanagerPayload, RunbookSt
 from fleetmedic.policy import Policy, RoutingPolicy
 from fleetmedic.routing import Ignored, Refused, Routed, route
 from fleetmedic.settings import Settings, SettingsError
+from workers.job_ends import JobEndReceiver
 from workers.temporal_client import connect
 
 log = logging.getLogger(__name__)
@@ -94,12 +96,16 @@ class AlertReceiver:
         self.calls = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
         self.metrics = Metrics(frozenset(r.alertname for r in routing.routes))
         self.metrics.insecure.set(1 if token is None else 0)
+        self.job_ends = JobEndReceiver(self)
 
     # --- HTTP -----------------------------------------------------------------------------------
 
     def app(self) -> Starlette:
+        jobs = self.job_ends
         return Starlette(routes=[
             Route("/v1/alerts/alertmanager", self.alerts, methods=["POST"]),
+            Route("/v1/jobs/ended", jobs.ended, methods=["POST"]),
+            Route("/v1/jobs/slurm", jobs.slurm, methods=["POST"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/metrics", self.metrics_endpoint, methods=["GET"]),
         ])

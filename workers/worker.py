@@ -33,6 +33,7 @@ from activities.breaker import CordonBreaker, GuardViews
 from activities.burn_in import BurnInActivities
 from activities.config import ConfigActivities
 from activities.guard import GuardActivities
+from activities.jobs import JobActivities
 from activities.kube_client import load_api_client
 from activities.kubernetes import KubernetesActivities
 from activities.kueue import KueueActivities, KueueTrigger
@@ -43,13 +44,14 @@ from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
 from activities.storage import StorageActivities
 from activities.temporal import TemporalActivities
 from activities.traffic import TrafficActivities, TrafficHandoff
+from activities.training_pods import TrainingPodActivities
 from activities.waits import WAIT_IO_THREADS, BlockingCalls
 from fleetmedic import ids
 from fleetmedic.models import RunContext
 from fleetmedic.policy import Policy, load_policy
 from fleetmedic.settings import Settings
 from workers.memory import CacheSize, workflow_cache
-from workers.schedules import ensure_quota_schedule
+from workers.schedules import ensure_job_failures, ensure_quota_schedule
 from workers.temporal_client import connect, ensure_search_attributes
 from workflows.fleet_guard import FleetGuard
 from workflows.registry import WORKFLOWS
@@ -126,6 +128,8 @@ class Activities:
             traffic,
             slurm,
             BurnInActivities(slurm),
+            JobActivities(slurm),
+            TrainingPodActivities(kubernetes),
             StorageActivities(policy.storage),
             providers,
             SlackActivities(settings.slack_bot_token, settings.slack_channel or policy.notify.slack_channel,
@@ -303,6 +307,7 @@ async def _serve(settings: Settings, policy: Policy, stop: asyncio.Event) -> Non
     except Exception:
         log.warning("continuing without registering search attributes; runbooks that upsert them will fail")
     await ensure_quota_schedule(client, settings, policy)
+    await ensure_job_failures(client, settings, policy)
     worker = build_worker(client, settings, policy)
     cache = worker.cache
     # The version in the first line: an upgrade's rollout time is read here (docs/upgrading.md).
