@@ -88,6 +88,7 @@ class Fleet:
         self.first_failure: dict[str, float] = {}  # bad node → hour of the first failure it caused
         self.caused: dict[str, int] = {}  # bad node → failures it caused while in service
         self.removed_after: dict[str, tuple[int, int, float]] = {}  # bad node → (failures, worst job's, hours)
+        self.removed_job_size: dict[str, int] = {}  # bad node → the size of the job that failed most on it
         self.held = 0
         self.rules: dict[tuple[str, bool], int] = {}
         self.widespread = 0
@@ -214,8 +215,10 @@ class Fleet:
         self.rules[(rule, bad)] = self.rules.get((rule, bad), 0) + 1
         self.out[node] = hour + TRIAL_H
         if bad and node not in self.removed_after:
-            worst = max((j.failures_on.get(node, 0) for j in self.jobs.values()), default=0)
+            worst_job = max(self.jobs.values(), key=lambda j: j.failures_on.get(node, 0))
+            worst = worst_job.failures_on.get(node, 0)
             self.removed_after[node] = (self.caused.get(node, 0), worst, hour - self.first_failure.get(node, hour))
+            self.removed_job_size[node] = worst_job.size
         if bad and (self.strategy == "oracle" or self.rng.random() < 0.95):
             self.bad.discard(node)  # replaced by a good one
         owner = self.busy.get(node)
@@ -245,6 +248,7 @@ def one_seed(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "precision": len(tried_bad) / (len(tried_bad) + len(tried_good)) if fm.tried else 1.0,
         "failures_before_removal": [r[0] for r in removal],
         "worst_job_failures_before_removal": [r[1] for r in removal],
+        "worst_job_sizes": [fm.removed_job_size[n] for n in fm.removed_after],
         "hours_first_failure_to_trial": [round(r[2], 2) for r in removal],
         "trials_by_rule": {f"{rule} ({'bad' if bad else 'healthy'})": n for (rule, bad), n in sorted(fm.rules.items())},
         "held_by_hourly_bound": fm.held, "widespread_verdicts": fm.widespread,
@@ -280,6 +284,12 @@ def main() -> None:
         "healthy_to_burn_in": sum(s["healthy_to_burn_in"] for s in seeds),
         "worst_job_failures_before_removal_p50": percentile(worst, 50) if worst else None,
         "worst_job_failures_before_removal_max": max(worst) if worst else None,
+        # By the size of the job that failed most on the node: the intersection of a large job's
+        # allocations, which keep half their nodes at each restart, narrows one failure at a time.
+        "worst_job_failures_before_removal_p50_by_job_size": {
+            size: percentile(by_size, 50) for size in (2, 4, 8, 16, 32)
+            if (by_size := [float(w) for s in seeds for w, z in zip(s["worst_job_failures_before_removal"],
+                                                                    s["worst_job_sizes"], strict=True) if z == size])},
         "hours_first_failure_to_trial_p50": percentile(hours, 50) if hours else None,
         "hours_first_failure_to_trial_max": max(hours) if hours else None,
         **{f"ettr_{name}": round(statistics.mean(s[f"ettr_{name}"] for s in seeds), 5)
