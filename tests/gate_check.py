@@ -56,6 +56,12 @@ SAFE = {
     # gone: the object NotReady; a Ready one is only annotated); the burn-in, a job on a node the run
     # holds out, in a reservation of its own, which it leaves as it found it.
     "provider.find_replacement", "k8s.retire_node", "slurm.burn_in",
+    # The job-failures runbook: reads of ended jobs, their output, failed pods and hardware runbooks;
+    # the restart of a job that already ended (it kills nothing and takes no capacity from anyone: it
+    # puts the job back in line); the start of a suspect's trial, a suspect-node run that passes the
+    # gate itself before each of its destructive steps.
+    "slurm.ended_jobs", "slurm.job_output", "slurm.restart_job", "k8s.failed_training_pods",
+    "temporal.hardware_runbooks", "jobs.start_suspect",
 }
 
 
