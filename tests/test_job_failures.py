@@ -286,6 +286,18 @@ async def test_a_suspect_that_passes_its_burn_in_returns_and_one_that_fails_is_r
     assert any(d.step == "replace" for d in failing.decisions), failing.decisions
 
 
+async def test_a_suspect_with_no_burn_in_to_try_it_stays_out_for_a_person(world: World) -> None:
+    """No trial, no sentence: without a burn-in nothing can clear the node or convict it."""
+    report = await suspect_trial(world, world.policy(), "gpu-4")  # burn_in off, as the default policy has it
+    assert report.outcome == "quarantined", report
+    assert any(d.step == "burn-in" and d.result.startswith("no trial possible: policy burn_in is off")
+               for d in report.decisions), report.decisions
+    assert world.kube.get("v1", "Node", "gpu-4")["spec"].get("unschedulable") is True
+    assert "DOWN" in world.slurm.node_states("gpu-4") or "DRAIN" in world.slurm.node_states("gpu-4")
+    assert world.provider.by_key == {}  # the provider was never asked (its own record)
+    assert not any(d.step == "replace" for d in report.decisions)
+
+
 async def test_hostile_job_failure_posts_are_refused_counted_and_start_nothing(client: Client, task_queue: str) -> None:
     receiver = AlertReceiver(client, RoutingPolicy(clusters=[task_queue], default_cluster=task_queue), task_queue,
                              TOKEN, available_runbooks(), max_body=64 * 1024)

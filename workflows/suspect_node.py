@@ -12,6 +12,7 @@ opt-outs and approvals like any destructive runbook:
 4. passed → the node returns to service, and its suspicion is cleared (the job-failures runbook no
    longer counts the failures before the trial); failed → the provider replaces it and the
    replacement is validated and burnt in like any (node_return.py), which the lemon rule counts.
+   No burn-in possible (policy `burn_in` off, or no Slurm) → it stays out, and a person decides.
 """
 
 from __future__ import annotations
@@ -60,17 +61,24 @@ class SuspectNode(NodeRunbook):
             return await self.retire_lemon(lemon, SlurmNodeState.DOWN, f"suspect: {evidence}")
         jobs = await self.take_out_and_drain(SlurmNodeState.DOWN, reason, policy.grace.checkpoint)
 
-        if not policy.burn_in.enabled:
-            self.decide("burn-in", "policy burn_in is off: no trial can clear the node; it is replaced")
-        elif await self.burn_in_passes(1):
+        # A trial, not a sentence: only a failed burn-in sends the node to the provider. Where no burn-in
+        # can run, nothing clears it and nothing convicts it: it stays out and a person decides.
+        if not policy.burn_in.enabled or not self.context.slurm_enabled:
+            why = ("policy burn_in is off" if not policy.burn_in.enabled
+                   else "the burn-in is a Slurm job and Slurm is not configured")
+            self.decide("burn-in", f"no trial possible: {why}; the node stays out for a person to test")
+            await self.leave_quarantined(f"suspect ({evidence}), and no burn-in can try it ({why}): a person tests it")
+            await self.release_lease()
+            return await self.record_outcome("quarantined", f"{self.node} left out of service for a person to test: "
+                                                            f"{why}", warning=True)
+        if await self.burn_in_passes(1):
             await self.return_to_service(resume_slurm=True)
             await self.release_lease()
             stuck = await self.confirm_jobs_resumed(jobs)
             return await self.record_outcome("recovered", f"{self.node} passed its burn-in: back in service and "
                                                           "cleared of suspicion", warning=bool(stuck))
         requested_at = workflow.now()
-        await self.ask_provider("replace", f"suspect ({evidence}) " + ("failed its burn-in" if policy.burn_in.enabled
-                                                                       else "with no burn-in to clear it"))
+        await self.ask_provider("replace", f"suspect ({evidence}) failed its burn-in")
         return await self.return_when_healthy(jobs, requested_at, "suspect failed its burn-in: replaced")
 
 
