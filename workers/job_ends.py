@@ -30,6 +30,7 @@ from fleetmedic.errors import validation_errors
 from fleetmedic.ids import cluster_workflow_id
 from fleetmedic.job_failures import JobEnd, JobEndAnswer, JobEndsPost, from_jobcomp
 from fleetmedic.trust import UntrustedValue, checked_cluster
+from workers.temporal_client import TemporalUnavailable
 
 if TYPE_CHECKING:
     from workers.webhook import AlertReceiver
@@ -58,27 +59,22 @@ class JobEndReceiver:
         return await self._guarded(request, self._parse_jobcomp)
 
     async def _guarded(self, request: Request, parse: Any) -> Response:
+        return await self.receiver.answering(self._answer_all(request, parse), "job ends")
+
+    async def _answer_all(self, request: Request, parse: Any) -> Response:
         receiver = self.receiver
+        body = await receiver.read_request(request)
+        if isinstance(body, Response):
+            return body
         try:
-            if not receiver._authorized(request):
-                return receiver._refuse(401, "unauthorized", "missing or wrong bearer token")
-            body = await receiver._read_body(request)
-            if body is None:
-                return receiver._refuse(413, "too_large", f"body larger than {receiver.max_body} bytes")
-            try:
-                entries = parse(body)
-            except (ValueError, ValidationError, RecursionError) as exc:
-                return receiver._refuse(400, "invalid_job_ends", _reason(exc))
+            entries = parse(body)
+        except (ValueError, ValidationError, RecursionError) as exc:
+            return receiver._refuse(400, "invalid_job_ends", _reason(exc))
+        try:
+            # One by one, in order: a job's failure and then its completion reach its run that way.
             answers = [await self._one(index, raw) for index, raw in enumerate(entries)]
-        except TimeoutError:
-            return receiver._refuse(503, "temporal_unavailable",
-                                    f"Temporal did not answer within {receiver.temporal_timeout:g} s, retry")
-        except Exception as exc:  # never a 500: the sender would resend without anyone told why
-            if type(exc).__name__ == "TemporalUnavailable":
-                return receiver._refuse(503, "temporal_unavailable", f"Temporal unavailable, retry: {exc}")
-            import logging
-            logging.getLogger(__name__).exception("unexpected error answering job ends")
-            return receiver._refuse(503, "internal_error", "internal error, retry (see the webhook's log)")
+        except (TimeoutError, TemporalUnavailable) as exc:
+            return receiver.unavailable(exc)
         return JSONResponse({"jobs": [a.model_dump() for a in answers]}, status_code=202)
 
     def _parse_json(self, body: bytes) -> list[dict[str, Any]]:
@@ -123,8 +119,7 @@ class JobEndReceiver:
             if exc.status == RPCStatusCode.INVALID_ARGUMENT:
                 return self._answer(index, end.job, "refused", f"Temporal refused it: {exc.message[:200]}",
                                     "temporal_invalid_argument")
-            from workers.webhook import TemporalUnavailable
-            raise TemporalUnavailable(f"{exc.status.name if exc.status else 'error'}: {exc.message[:200]}") from exc
+            raise TemporalUnavailable.from_rpc(exc) from exc
         return self._answer(index, end.job, "recorded", f"{end.state} on {len(end.nodes)} node(s)", "recorded")
 
     def _answer(self, index: int, job: object, action: Literal["recorded", "ignored", "refused"], reason: str,

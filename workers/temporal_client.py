@@ -28,6 +28,15 @@ def connect_config() -> dict[str, Any]:
     return config
 
 
+class TemporalUnavailable(Exception):
+    """The webhook's answer to a batch Temporal did not take: 503, and the sender retries."""
+
+    @classmethod
+    def from_rpc(cls, exc: Exception) -> TemporalUnavailable:
+        status = getattr(exc, "status", None)
+        return cls(f"{status.name if status else 'error'}: {str(getattr(exc, 'message', exc))[:200]}")
+
+
 class TemporalUnreachable(Exception):
     """Temporal did not answer: one line for the operator, never a transport traceback."""
 

@@ -46,7 +46,7 @@ from fleetmedic.policy import Policy, RoutingPolicy
 from fleetmedic.routing import Ignored, Refused, Routed, route
 from fleetmedic.settings import Settings, SettingsError
 from workers.job_ends import JobEndReceiver
-from workers.temporal_client import connect
+from workers.temporal_client import TemporalUnavailable, connect
 
 log = logging.getLogger(__name__)
 MAX_BODY = 1024 * 1024  # Alertmanager batches are small; a megabyte is a misbehaving sender
@@ -54,10 +54,6 @@ MAX_BODY = 1024 * 1024  # Alertmanager batches are small; a megabyte is a misbeh
 # at the rate the server takes them, few enough not to queue thousands of RPCs on a slow server.
 MAX_CONCURRENT_CALLS = 64
 T = TypeVar("T")
-
-
-class TemporalUnavailable(Exception):
-    pass
 
 
 class Metrics:
@@ -136,20 +132,37 @@ class AlertReceiver:
     async def alerts(self, request: Request) -> Response:
         started = time.monotonic()
         try:
-            return await self._alerts(request)
-        except Exception:
-            # Never a 500: Alertmanager would resend forever without anyone being told why.
-            log.exception("unexpected error answering an alert batch")
-            return self._refuse(503, "internal_error", "internal error, retry (see the webhook's log)")
+            return await self.answering(self._alerts(request), "an alert batch")
         finally:
             self.metrics.latency.observe(time.monotonic() - started)
 
-    async def _alerts(self, request: Request) -> Response:
+    async def answering(self, answer: Awaitable[Response], what: str) -> Response:
+        """Never a 500: the sender would resend for ever without anyone being told why."""
+        try:
+            return await answer
+        except Exception:
+            log.exception("unexpected error answering %s", what)
+            return self._refuse(503, "internal_error", "internal error, retry (see the webhook's log)")
+
+    async def read_request(self, request: Request) -> bytes | Response:
+        """The body of an authorised request within the size limit, or the refusal (401, 413)."""
         if not self._authorized(request):
             return self._refuse(401, "unauthorized", "missing or wrong bearer token")
         body = await self._read_body(request)
         if body is None:
             return self._refuse(413, "too_large", f"body larger than {self.max_body} bytes")
+        return body
+
+    def unavailable(self, exc: TimeoutError | TemporalUnavailable) -> Response:
+        if isinstance(exc, TimeoutError):
+            return self._refuse(503, "temporal_unavailable",
+                                f"Temporal did not answer within {self.temporal_timeout:g} s, retry")
+        return self._refuse(503, "temporal_unavailable", f"Temporal unavailable, retry: {exc}")
+
+    async def _alerts(self, request: Request) -> Response:
+        body = await self.read_request(request)
+        if isinstance(body, Response):
+            return body
         try:
             payload = AlertmanagerPayload.model_validate(json.loads(body))
         except (ValueError, ValidationError, RecursionError) as exc:
@@ -157,11 +170,8 @@ class AlertReceiver:
         try:
             async with asyncio.timeout(self.temporal_timeout):
                 answers = await asyncio.gather(*(self.handle(alert) for alert in payload.alerts))
-        except TimeoutError:
-            return self._refuse(503, "temporal_unavailable",
-                                f"Temporal did not answer within {self.temporal_timeout:g} s, retry")
-        except TemporalUnavailable as exc:
-            return self._refuse(503, "temporal_unavailable", f"Temporal unavailable, retry: {exc}")
+        except (TimeoutError, TemporalUnavailable) as exc:
+            return self.unavailable(exc)
         return JSONResponse({"alerts": [a.model_dump() for a in answers]}, status_code=202)
 
     async def healthz(self, request: Request) -> Response:
@@ -194,7 +204,7 @@ class AlertReceiver:
                 # the batch goes on, and the answer says why.
                 return self._answer(alert, decision.runbook, decision.workflow_id, "refused",
                                     f"Temporal refused it: {exc.message[:200]}", "temporal_invalid_argument")
-            raise TemporalUnavailable(f"{exc.status.name if exc.status else 'error'}: {exc.message[:200]}") from exc
+            raise TemporalUnavailable.from_rpc(exc) from exc
 
     async def _fire(self, alert: Alert, decision: Routed) -> AlertAnswer:
         # One round trip for a new incident (no run under this ID, or one running): a closed run is
