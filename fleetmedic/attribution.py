@@ -36,6 +36,7 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict
 
+from fleetmedic.durations import format_duration
 from fleetmedic.job_failures import NOT_EVIDENCE_STATES, JobEnd
 from fleetmedic.policy import CrashPolicy
 
@@ -140,7 +141,7 @@ def _widespread(recent: Sequence[Failure], policy: CrashPolicy, now: datetime) -
     if len(jobs) < policy.widespread_jobs:
         return ""
     nodes = {n for f in window for n in f.nodes}
-    return (f"widespread failures: {len(jobs)} jobs failed within {human(policy.widespread_window)} on "
+    return (f"widespread failures: {len(jobs)} jobs failed within {format_duration(policy.widespread_window)} on "
             f"{len(nodes)} nodes: looks like software (a code push, a dataset, a shared service), not a node; "
             "nobody is taken out")
 
@@ -215,7 +216,7 @@ def _many_jobs(recent: Sequence[Failure], latest: Failure, policy: CrashPolicy, 
             continue
         causes = ", ".join(sorted({_cause(f) for f in mine}))
         found.append(Suspicion(node=node, rule="many-jobs", why=(
-            f"{node} was in failed allocations of {len(jobs)} different jobs within {human(policy.window)} "
+            f"{node} was in failed allocations of {len(jobs)} different jobs within {format_duration(policy.window)} "
             f"({causes}); chance gives a node {mean:.2f} (P = {tail:.1e}, below {policy.significance:g} / "
             f"{nodes_in_fleet} nodes)")))
     return found
@@ -269,14 +270,6 @@ def _upper_sum(count: int, mean: float) -> float:
 def _cause(failure: Failure) -> str:
     return {"nccl": "NCCL timeout", "cuda": "CUDA error", "ecc": "ECC error", "node_fail": "NODE_FAIL",
             "exit": "non-zero exit"}.get(failure.cause, failure.cause)
-
-
-def human(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds % size == 0 and seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 def trials_within(started: Iterable[datetime], now: datetime, span: timedelta = timedelta(hours=1)) -> int:

@@ -103,12 +103,7 @@ class Stack:
         return report, handle
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """`fleetmedic <args>` as an operator's terminal runs it, against this stack's Temporal,
-        task queue and cluster."""
-        env = {"PATH": "/usr/bin:/bin", "FLEETMEDIC_TASK_QUEUE": self.task_queue, "FLEETMEDIC_CLUSTER": self.cluster}
-        return subprocess.run([sys.executable, "-m", "workers.cli", *args, "--address",
-                               self.client.service_client.config.target_host], env=env,
-                              capture_output=True, text=True, timeout=120)
+        return fleetmedic_cli(self.client, self.task_queue, self.cluster, *args)
 
     def slurm_state(self, node: str) -> tuple[str, str]:
         state, reason = self.slurm.node_state(node)
@@ -132,12 +127,22 @@ class Stack:
         return sorted(f"{p[p.index('namespaces') + 1]}/{p[p.index('pods') + 1]}" for p in paths)
 
 
-async def save_history(handle: WorkflowHandle[Any, Any]) -> None:
-    """FLEETMEDIC_SAVE_HISTORIES=dir keeps each finished run's history for the replay tests."""
+def fleetmedic_cli(client: Client, task_queue: str, cluster: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`fleetmedic <args>` as an operator's terminal runs it, against this Temporal, task queue and
+    cluster."""
+    env = {"PATH": "/usr/bin:/bin", "FLEETMEDIC_TASK_QUEUE": task_queue, "FLEETMEDIC_CLUSTER": cluster}
+    return subprocess.run([sys.executable, "-m", "workers.cli", *args, "--address",
+                           client.service_client.config.target_host], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+async def save_history(handle: WorkflowHandle[Any, Any], name: str | None = None) -> None:
+    """FLEETMEDIC_SAVE_HISTORIES=dir keeps each finished run's history for the replay tests, under
+    `name` (a scenario's), else the test's name."""
     target = os.environ.get("FLEETMEDIC_SAVE_HISTORIES")
     if target:
         history = await handle.fetch_history()
-        name = os.environ.get("PYTEST_CURRENT_TEST", "run").split("::")[-1].split(" ")[0]
+        name = name or os.environ.get("PYTEST_CURRENT_TEST", "run").split("::")[-1].split(" ")[0]
         Path(target, f"{name}.json").write_text(history.to_json())
 
 

@@ -26,7 +26,7 @@ from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import BreakerState, NodeInfo, NodeRunbookInput, Operator, RunbookStatus
 from fleetmedic.policy import Policy
 from tests.harness import quick_policy, settings_for, worker_for
-from tests.runbook_stack import Stack, status_when
+from tests.runbook_stack import Stack, fleetmedic_cli, status_when
 from tests.test_fleet_guard import guard_when
 
 # --- the breaker's arithmetic, on a node watch's snapshot ------------------------------------------
@@ -168,11 +168,8 @@ async def test_a_false_storm_for_30_percent_of_the_fleet_trips_the_breaker_at_it
 
 
 def cli(client: Client, task_queue: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """`fleetmedic <args>` as an operator runs it, for the test's cluster."""
-    return subprocess.run([sys.executable, "-m", "workers.cli", *args, "--address",
-                           client.service_client.config.target_host],
-                          env={"PATH": "/usr/bin:/bin", "FLEETMEDIC_TASK_QUEUE": task_queue,
-                               "FLEETMEDIC_CLUSTER": task_queue}, capture_output=True, text=True, timeout=120)
+    """`fleetmedic <args>` as an operator runs it, for the test's cluster (named after its queue)."""
+    return fleetmedic_cli(client, task_queue, task_queue, *args)
 
 
 async def test_a_protective_step_that_cannot_reach_slurm_says_so_while_it_retries(stack: Stack) -> None:

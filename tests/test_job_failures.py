@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -32,6 +30,7 @@ from fleetmedic.models import RunbookStatus
 from fleetmedic.policy import Policy, RoutingPolicy
 from tests.conftest import require
 from tests.harness import quick_policy, settings_for, worker_for
+from tests.runbook_stack import fleetmedic_cli, save_history, wait_for
 from workers.audit import audit_command
 from workers.webhook import AlertReceiver, available_runbooks
 from workflows.job_failures import JobsReport
@@ -52,13 +51,6 @@ esac
 echo "epoch done"
 """
 ALWAYS_FAILS = TRAINING % "*"
-
-
-async def save_as(handle: Any, name: str) -> None:
-    """FLEETMEDIC_SAVE_HISTORIES=dir keeps the run's history under a scenario's name (tests/test_replay.py)."""
-    target = os.environ.get("FLEETMEDIC_SAVE_HISTORIES")
-    if target:
-        Path(target, f"{name}.json").write_text((await handle.fetch_history()).to_json())
 
 
 def jobcomp_wrapper(tmp_path: Path, url: str) -> Path:
@@ -122,15 +114,10 @@ class World:
                              f"{report.decisions if report else 'not started'}")
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """`fleetmedic <args>` as an operator's terminal runs it."""
-        env = {"PATH": "/usr/bin:/bin", "FLEETMEDIC_TASK_QUEUE": self.task_queue, "FLEETMEDIC_CLUSTER": self.cluster}
-        return subprocess.run([sys.executable, "-m", "workers.cli", *args, "--address",
-                               self.client.service_client.config.target_host], env=env, capture_output=True,
-                              text=True, timeout=120)
+        return fleetmedic_cli(self.client, self.task_queue, self.cluster, *args)
 
     async def stop_runs(self) -> None:
-        async for run in self.client.list_workflows(f'TaskQueue = "{self.task_queue}" AND ExecutionStatus = "Running"'):
-            await self.client.get_workflow_handle(run.id).terminate("test over")
+        await stop_open_runs(self.client, self.task_queue)
 
 
 @pytest.fixture
@@ -177,7 +164,7 @@ async def test_a_job_that_keeps_failing_on_one_node_names_it_and_then_runs_to_co
             x["job"] == str(job) and x["state"] == "completed" for x in r.jobs), "the trial of gpu-3, the job's end")
         suspect = world.client.get_workflow_handle(node_workflow_id("suspect-node", world.cluster, BAD))
         status = await suspect.query("status", result_type=RunbookStatus)
-        await save_as(world.client.get_workflow_handle(cluster_workflow_id("job-failures", world.cluster)),
+        await save_history(world.client.get_workflow_handle(cluster_workflow_id("job-failures", world.cluster)),
                       "job-failures-restarted-then-trial")
         table = await asyncio.to_thread(world.cli, "jobs", "--cluster", world.cluster)
         as_json = await asyncio.to_thread(world.cli, "jobs", "--cluster", world.cluster, "-o", "json")
@@ -222,7 +209,7 @@ async def test_failures_with_no_common_node_take_nobody_out_and_stop_at_the_rest
             steer(world, job, plan)
             await asyncio.sleep(0.2)
         report = await world.report()
-        await save_as(world.client.get_workflow_handle(cluster_workflow_id("job-failures", world.cluster)),
+        await save_history(world.client.get_workflow_handle(cluster_workflow_id("job-failures", world.cluster)),
                       "job-failures-restarts-stopped")
     assert report.trials == [] and report.held == []
     [row] = [r for r in report.jobs if r["job"] == str(job)]
@@ -248,20 +235,12 @@ async def test_a_job_that_failed_while_fleetmedic_was_down_is_still_counted(worl
         await asyncio.sleep(0.2)
     async with world.worker(policy):
         report = await world.report_when(lambda r: any(x["job"] == str(job) for x in r.jobs), "the reconciled end")
-        restarted = await asyncio.to_thread(lambda: _until(lambda: int(world.job(job)["Restarts"]) >= 1, 30))
-    assert restarted and report.jobs[0]["failures"] == 1
+        # FleetMedic restarted it (scontrol): wait_for fails the test if not within 30 s.
+        await asyncio.to_thread(wait_for, lambda: int(world.job(job)["Restarts"]) >= 1, 30)
+    assert report.jobs[0]["failures"] == 1
 
 
-def _until(condition: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
-
-
-async def suspect_trial(world: World, policy: Policy, node: str) -> RunbookStatus:
+async def suspect_trial(world: World, policy: Policy, node: str, scenario: str) -> RunbookStatus:
     handle = await world.client.start_workflow(
         "suspect-node", SuspectNodeInput(cluster=world.cluster, node=node, evidence="named by the test").model_dump(),
         id=node_workflow_id("suspect-node", world.cluster, node), task_queue=world.task_queue,
@@ -269,26 +248,29 @@ async def suspect_trial(world: World, policy: Policy, node: str) -> RunbookStatu
     with provider_controller(world.kube, world.provider, 1.0):
         async with world.worker(policy):
             status = await asyncio.wait_for(handle.result(), 180)
-    await save_as(handle, "suspect-node-burn-in-" + ("passed" if status.outcome == "recovered" else "failed-replaced"))
+    await save_history(handle, f"suspect-node-{scenario}")
     return status
 
 
 async def test_a_suspect_that_passes_its_burn_in_returns_and_one_that_fails_is_replaced(world: World) -> None:
     burn_in = {"enabled": True, "deadline": "60s", "output_dir": str(world.tmp_path / "burn-in"), "rounds": 1}
-    passing = await suspect_trial(world, world.policy(burn_in={**burn_in, "script": "#!/bin/sh\necho ok\n"}), "gpu-1")
+    passing = await suspect_trial(world, world.policy(burn_in={**burn_in, "script": "#!/bin/sh\necho ok\n"}), "gpu-1",
+                                  "burn-in-passed")
     assert passing.outcome == "recovered", passing
     assert any("cleared of suspicion" in d.result for d in passing.decisions), passing.decisions
     assert not world.kube.get("v1", "Node", "gpu-1")["spec"].get("unschedulable")
     assert world.slurm.node_states("gpu-1") & {"IDLE", "MIXED", "ALLOCATED"}, world.slurm.node_states("gpu-1")
 
-    failing = await suspect_trial(world, world.policy(burn_in={**burn_in, "script": "#!/bin/sh\nexit 1\n"}), "gpu-2")
+    failing = await suspect_trial(world, world.policy(burn_in={**burn_in, "script": "#!/bin/sh\nexit 1\n"}), "gpu-2",
+                                  "burn-in-failed-replaced")
     assert any(d.step == "burn-in" and d.result.startswith("failed") for d in failing.decisions), failing
     assert any(d.step == "replace" for d in failing.decisions), failing.decisions
 
 
 async def test_a_suspect_with_no_burn_in_to_try_it_stays_out_for_a_person(world: World) -> None:
     """No trial, no sentence: without a burn-in nothing can clear the node or convict it."""
-    report = await suspect_trial(world, world.policy(), "gpu-4")  # burn_in off, as the default policy has it
+    # burn_in off, as the default policy has it
+    report = await suspect_trial(world, world.policy(), "gpu-4", "no-burn-in")
     assert report.outcome == "quarantined", report
     assert any(d.step == "burn-in" and d.result.startswith("no trial possible: policy burn_in is off")
                for d in report.decisions), report.decisions
@@ -367,7 +349,7 @@ async def test_widespread_failures_read_as_software(client: Client, task_queue: 
                 break
             assert time.monotonic() < deadline, report
             await asyncio.sleep(0.3)
-        await save_as(handle, "job-failures-widespread")
+        await save_history(handle, "job-failures-widespread")
         # The audit of the open run: its decisions, as for any runbook.
         capsys.readouterr()
         assert await audit_command(client, handle.id, "md") == 0
@@ -422,7 +404,7 @@ async def test_failed_pods_of_an_indexed_job_are_a_job_failure_left_to_the_job_t
             await asyncio.sleep(0.3)
         await asyncio.sleep(3)  # a few more looks: the same failure is not counted twice
         report = await handle.query("jobs", result_type=JobsReport)
-        await save_as(handle, "job-failures-kubernetes-pods")
+        await save_history(handle, "job-failures-kubernetes-pods")
         await handle.terminate("test over")
     [job] = report.jobs
     assert job["job"] == "training/llm-a" and job["source"] == "kubernetes" and job["failures"] == 1

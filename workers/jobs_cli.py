@@ -9,6 +9,7 @@ from datetime import timedelta
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from fleetmedic.durations import format_duration
 from fleetmedic.ids import cluster_workflow_id
 from workflows.job_failures import JobsReport
 
@@ -34,15 +35,10 @@ async def jobs_command(client: Client, cluster: str, output: str = "table") -> i
             causes = ", ".join(f"{k} ×{v}" for k, v in sorted(job["by_cause"].items()))
             job_ettr = "-" if job["ettr"] is None else f"{job['ettr']:.4f}"
             print(f"{job['job']:<{width}}  {job['state']:<9} {job['failures']:>6} {job['restarts']:>8} "
-                  f"{_duration(job['lost_s']):>9} {job_ettr:>7}  {causes}"
+                  f"{format_duration(timedelta(seconds=round(job['lost_s']))):>9} {job_ettr:>7}  {causes}"
                   + (f"  [{job['stopped']}]" if job["stopped"] else ""))
     for trial in report.trials:
         print(f"trial  {trial.node}  {trial.at:%Y-%m-%d %H:%M}Z  {trial.workflow_id}: {trial.why}")
     for held in report.held:
         print(f"held   {held.node}: {held.why}")
     return 0
-
-
-def _duration(seconds: float) -> str:
-    minutes = int(seconds // 60)
-    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{int(seconds % 60):02d}s"

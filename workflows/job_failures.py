@@ -30,13 +30,14 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
-    from fleetmedic.attribution import Failure, Suspicion, assess, classify, human, trials_within
+    from fleetmedic.attribution import Failure, Suspicion, assess, classify, trials_within
+    from fleetmedic.durations import format_duration
     from fleetmedic.job_failures import JobEnd, OutputRequest, RestartJob, SuspectRequest
     from fleetmedic.models import NotifyStart, RunbookStatus, RunContext, StepRecord
     from fleetmedic.policy import Policy
     from fleetmedic.training_time import JobTrack, account
 
-from workflows.runbook import bounded_retry, execute, local
+from workflows.runbook import bounded_retry, describe_failure, execute, local
 
 # The state is the continue-as-new input, and Temporal refuses a payload past 2 MB: each part is
 # bounded to keep the whole well under 1 MB.
@@ -186,8 +187,8 @@ class JobFailures:
                 ends = await execute(activity, since, start_to_close_timeout=timedelta(seconds=60),
                                      retry_policy=bounded_retry(self.policy), summary=f"reconcile: {what}")
             except ActivityError as exc:
-                every = human(self.policy.crash.reconcile_every)
-                self.decide(f"could not read {what}, trying again in {every}: {_cause(exc)}")
+                every = format_duration(self.policy.crash.reconcile_every)
+                self.decide(f"could not read {what}, trying again in {every}: {describe_failure(exc)}")
                 continue
             for end in ends:
                 end = end.model_copy(update={"cluster": self.state.cluster})
@@ -241,10 +242,10 @@ class JobFailures:
         recent = [t for t in self.state.restarts.get(end.job, []) if t > now - crash.window]
         if len(recent) >= crash.max_restarts:
             if not track.stopped:
-                track.stopped = f"{len(recent)} restarts within {human(crash.window)}: a person decides"
+                track.stopped = f"{len(recent)} restarts within {format_duration(crash.window)}: a person decides"
                 self.decide(f"{why}: not restarted, {track.stopped} (crash.max_restarts)", job=end.job)
                 await self.say(f":rotating_light: job {end.job} ({end.name}) failed again after {len(recent)} restarts "
-                               f"within {human(crash.window)}; FleetMedic stopped restarting it. Causes: "
+                               f"within {format_duration(crash.window)}; FleetMedic stopped restarting it. Causes: "
                                + ", ".join(f"{k} ×{v}" for k, v in sorted(track.by_cause.items()))
                                + f". Last nodes: {', '.join(end.nodes[:16])}",
                                mention=self.policy.escalation.slack_mention)
@@ -263,9 +264,9 @@ class JobFailures:
                                    retry_policy=bounded_retry(self.policy, "writes"),
                                    summary=f"let it crash: restart job {end.job}")
         except ActivityError as exc:
-            self.decide(f"{why}: the restart failed after its retries: {_cause(exc)}", job=end.job)
-            await self.say(f":rotating_light: job {end.job} failed and FleetMedic could not restart it: {_cause(exc)}",
-                           mention=self.policy.escalation.slack_mention)
+            self.decide(f"{why}: the restart failed after its retries: {describe_failure(exc)}", job=end.job)
+            await self.say(f":rotating_light: job {end.job} failed and FleetMedic could not restart it: "
+                           f"{describe_failure(exc)}", mention=self.policy.escalation.slack_mention)
             return
         self.state.restarts[end.job] = [*recent, now]
         track.restarts_asked += 1
@@ -292,7 +293,8 @@ class JobFailures:
                 start_to_close_timeout=timedelta(seconds=30), retry_policy=bounded_retry(self.policy, "writes"),
                 summary=f"suspect {suspicion.node}: start its trial")
         except ActivityError as exc:
-            self.decide(f"suspect {suspicion.node}: its trial could not start: {_cause(exc)}", node=suspicion.node)
+            self.decide(f"suspect {suspicion.node}: its trial could not start: {describe_failure(exc)}",
+                        node=suspicion.node)
             return
         self.state.trials.append(Trial(node=suspicion.node, at=now, workflow_id=workflow_id, why=suspicion.why))
         self.state.trials = self.state.trials[-500:]
@@ -328,7 +330,7 @@ class JobFailures:
                     summary=f"read job {end.job}'s output")
                 lines.extend(read)
             except ActivityError as exc:
-                self.decide(f"job {end.job}'s output could not be read: {_cause(exc)}", job=end.job)
+                self.decide(f"job {end.job}'s output could not be read: {describe_failure(exc)}", job=end.job)
         return lines
 
     async def hardware_on(self, end: JobEnd) -> dict[str, str]:
@@ -339,8 +341,8 @@ class JobFailures:
                                  start_to_close_timeout=timedelta(seconds=30), retry_policy=bounded_retry(self.policy),
                                  summary="hardware runbooks on the job's nodes")
         except ActivityError as exc:
-            self.decide(f"could not ask Temporal for hardware runbooks on job {end.job}'s nodes: {_cause(exc)}",
-                        job=end.job)
+            self.decide(f"could not ask Temporal for hardware runbooks on job {end.job}'s nodes: "
+                        f"{describe_failure(exc)}", job=end.job)
             return {}
 
     async def fleet(self) -> int:
@@ -355,7 +357,8 @@ class JobFailures:
                                          retry_policy=bounded_retry(self.policy), summary="count the GPU nodes")
                 self.fleet_size = capacity.gpu_nodes
             except ActivityError as exc:
-                self.decide(f"could not count the GPU nodes (the nodes seen in failures stand in): {_cause(exc)}")
+                self.decide("could not count the GPU nodes (the nodes seen in failures stand in): "
+                            f"{describe_failure(exc)}")
         return self.fleet_size
 
     # --- bookkeeping ----------------------------------------------------------------------------
@@ -417,11 +420,6 @@ class JobFailures:
                 start_to_close_timeout=timedelta(seconds=30), retry_policy=NOTIFY_RETRY, summary="notify")
         except ActivityError:
             workflow.logger.warning("slack message failed; continuing")
-
-
-def _cause(exc: ActivityError) -> str:
-    cause = exc.cause
-    return str(getattr(cause, "message", None) or cause or exc)
 
 
 def _label(cause: str, *known: dict[str, str]) -> str:

@@ -423,8 +423,8 @@ class Runbook:
             except (ActivityError, ApplicationError) as err:
                 if in_task and retries_said and tries < (policy.maximum_attempts or 1) and _retryable(err, policy):
                     self.waiting_for = (f"try {tries + 1} of {policy.maximum_attempts} of {step} in {delay}; "
-                                        f"try {tries} failed: {_describe(err)}")
-                    self.decide(step, f"try {tries} failed: {_describe(err)}")
+                                        f"try {tries} failed: {describe_failure(err)}")
+                    self.decide(step, f"try {tries} failed: {describe_failure(err)}")
                     await self.sleep(delay, summary=f"{step}: try again")
                     self.waiting_for = None
                     tries, delay = tries + 1, min(delay * policy.backoff_coefficient,
@@ -433,7 +433,7 @@ class Runbook:
                 tries, delay = 1, policy.initial_interval
                 if not escalate:
                     raise
-                answer = await self.escalate(step, _describe(err))
+                answer = await self.escalate(step, describe_failure(err))
                 if answer.action == "retry":
                     continue
                 if answer.action == "skip":
@@ -669,7 +669,7 @@ def _retryable(err: ActivityError | ApplicationError, policy: RetryPolicy) -> bo
     return True
 
 
-def _describe(err: ActivityError | ApplicationError) -> str:
+def describe_failure(err: ActivityError | ApplicationError) -> str:
     cause = err.cause if isinstance(err, ActivityError) else err
     if isinstance(cause, ApplicationError):
         return f"{cause.type or 'error'}: {cause.message}"
