@@ -126,9 +126,15 @@ def assess(failures: Sequence[Failure], latest: Failure, policy: CrashPolicy, *,
     # whose bad node was replaced pointed at whichever neighbour it kept.
     recent = [f for f in recent if f.key not in storms and not any(
         n in cleared and cleared[n] >= f.at for n in f.nodes)]
+    # Each node's failures, indexed once: allocations run to thousands of nodes, and a scan of every
+    # failure's node list for each node of the latest one grew with their product.
+    by_node: dict[str, list[Failure]] = {}
+    for failure in recent:
+        for node in failure.nodes:
+            by_node.setdefault(node, []).append(failure)
     seen: set[str] = set()
-    for suspicion in [*_same_job(recent, latest, policy, cleared, verdict),
-                      *_many_jobs(recent, latest, policy, cleared, fleet_size)]:
+    for suspicion in [*_same_job(recent, by_node, latest, policy, verdict),
+                      *_many_jobs(recent, by_node, latest, policy, fleet_size)]:
         if suspicion.node not in seen:
             seen.add(suspicion.node)
             verdict.suspects.append(suspicion)
@@ -146,12 +152,8 @@ def _widespread(recent: Sequence[Failure], policy: CrashPolicy, now: datetime) -
             "nobody is taken out")
 
 
-def _counts_for(node: str, failure: Failure, cleared: Mapping[str, datetime]) -> bool:
-    return node in failure.nodes and (node not in cleared or failure.at > cleared[node])
-
-
-def _same_job(recent: Sequence[Failure], latest: Failure, policy: CrashPolicy, cleared: Mapping[str, datetime],
-              verdict: Verdict) -> list[Suspicion]:
+def _same_job(recent: Sequence[Failure], by_node: Mapping[str, list[Failure]], latest: Failure,
+              policy: CrashPolicy, verdict: Verdict) -> list[Suspicion]:
     """The nodes in each of the job's last k failed allocations, k from `suspect_after` up: a large
     job that keeps most of its nodes across restarts shares many with each failure, and each more
     failure that varied narrows them down to the one it keeps landing on."""
@@ -162,7 +164,6 @@ def _same_job(recent: Sequence[Failure], latest: Failure, policy: CrashPolicy, c
     for k in range(policy.suspect_after, len(history) + 1):
         mine = history[-k:]
         common = set(mine[0].nodes).intersection(*(f.nodes for f in mine[1:]))
-        common = {n for n in common if all(_counts_for(n, f, cleared) for f in mine)}
         union = set().union(*(f.nodes for f in mine))
         if not common:
             return []
@@ -173,8 +174,7 @@ def _same_job(recent: Sequence[Failure], latest: Failure, policy: CrashPolicy, c
                 [node] = common
                 return [Suspicion(node=node, rule="same-job", why=f"{node} was in {k} of the last {k} {why}")]
             # Two or more in all of them: the one that also failed other jobs, when one alone did.
-            others = {n: len({f.job for f in recent if f.job != latest.job and _counts_for(n, f, cleared)})
-                      for n in common}
+            others = {n: len({f.job for f in by_node.get(n, []) if f.job != latest.job}) for n in common}
             best = max(others.values())
             leaders = [n for n, count in others.items() if count == best]
             if best > 0 and len(leaders) == 1:
@@ -195,8 +195,8 @@ def _same_job(recent: Sequence[Failure], latest: Failure, policy: CrashPolicy, c
     return []
 
 
-def _many_jobs(recent: Sequence[Failure], latest: Failure, policy: CrashPolicy, cleared: Mapping[str, datetime],
-               fleet_size: int) -> list[Suspicion]:
+def _many_jobs(recent: Sequence[Failure], by_node: Mapping[str, list[Failure]], latest: Failure,
+               policy: CrashPolicy, fleet_size: int) -> list[Suspicion]:
     """Each job counts once per node: a job that fails five times on one allocation (its own bug, or
     the bad node beside them) is one job against each of its nodes, not five."""
     nodes_in_fleet = max(fleet_size, len({n for f in recent for n in f.nodes}), 1)
@@ -207,7 +207,7 @@ def _many_jobs(recent: Sequence[Failure], latest: Failure, policy: CrashPolicy, 
     threshold = policy.significance / nodes_in_fleet
     found = []
     for node in latest.nodes:
-        mine = [f for f in recent if _counts_for(node, f, cleared)]
+        mine = by_node.get(node, [])
         jobs = {f.job for f in mine}
         if len(jobs) < policy.min_jobs:
             continue
