@@ -104,6 +104,7 @@ class JobFailures:
 
     @workflow.signal(description="A training job ended (webhook, jobcomp script, framework hook): a JobEnd")
     def ended(self, end: JobEnd) -> None:
+        """Queued once: an end already handled, or already in line, is known by its key."""
         if end.key not in self.seen and all(e.key != end.key for e in self.state.inbox):
             self.state.inbox.append(end)
 
@@ -191,9 +192,7 @@ class JobFailures:
                 self.decide(f"could not read {what}, trying again in {every}: {describe_failure(exc)}")
                 continue
             for end in ends:
-                end = end.model_copy(update={"cluster": self.state.cluster})
-                if end.key not in self.seen and all(e.key != end.key for e in self.state.inbox):
-                    self.state.inbox.append(end)
+                self.ended(end.model_copy(update={"cluster": self.state.cluster}))
 
     async def handle(self, end: JobEnd) -> None:
         assert self.policy is not None
