@@ -58,19 +58,22 @@ class BurnInActivities:
             return BurnInResult(passed=True, detail=f"would run the burn-in on {request.node} "
                                                     f"(reservation {reservation_name(request.node)})")
         node = self.slurm.get_node(request.node)
+        slurm = self.slurm.slurm_name(request.node)  # Slinky: the node's slurmd pod names it
+        if slurm is None:
+            raise fail(ErrorKind.NOT_FOUND, self.slurm.names.missing(request.node))
         before = self._before()
         if node.reason.startswith(REASON_PREFIX):
             held_for = node.reason
         elif self._reserved(request):  # an attempt cut short resumed it for its job: ours still
             held_for = before.get("held_for") or f"{REASON_PREFIX} burn-in {request.run_id} (its attempt was cut short)"
         else:
-            raise fail(ErrorKind.NOT_OWNED, f"Slurm node {request.node} is not held by FleetMedic "
+            raise fail(ErrorKind.NOT_OWNED, f"Slurm node {slurm} is not held by FleetMedic "
                                             f"('{node.reason}'): no burn-in there")
-        self._reserve(request)
+        self._reserve(request, slurm)
         try:
             if node.out_of_service:
-                self.cli.run("scontrol", "update", f"nodename={request.node}", "state=RESUME")
-            job_id = self._job(request, before)
+                self.cli.run("scontrol", "update", f"nodename={slurm}", "state=RESUME")
+            job_id = self._job(request, before, slurm)
             try:
                 return self._wait(request, job_id, held_for)
             except CancelledError:
@@ -82,7 +85,7 @@ class BurnInActivities:
                 raise
         finally:
             # Out of service again, as the run left it, before anything else may land there.
-            self.cli.run("scontrol", "update", f"nodename={request.node}", "state=DRAIN", f"reason={held_for}")
+            self.cli.run("scontrol", "update", f"nodename={slurm}", "state=DRAIN", f"reason={held_for}")
             self.cli.run("scontrol", "delete", f"reservation={reservation_name(request.node)}")
 
     @staticmethod
@@ -95,15 +98,15 @@ class BurnInActivities:
         shown = self.cli.run("scontrol", "show", "reservation", "-o")
         return f"ReservationName={reservation_name(request.node)} " in shown
 
-    def _reserve(self, request: BurnIn) -> None:
+    def _reserve(self, request: BurnIn, slurm: str) -> None:
         name = reservation_name(request.node)
         if self._reserved(request):
             return
         minutes = max(int(request.deadline_s // 60) + 5, 10)
-        self.cli.run("scontrol", "create", f"reservation={name}", f"nodes={request.node}",
+        self.cli.run("scontrol", "create", f"reservation={name}", f"nodes={slurm}",
                      f"users={getpass.getuser()}", "starttime=now", f"duration={minutes}", "flags=maint,ignore_jobs")
 
-    def _job(self, request: BurnIn, before: dict[str, Any]) -> int:
+    def _job(self, request: BurnIn, before: dict[str, Any], slurm: str) -> int:
         """This run's burn-in job: the one a previous attempt submitted (its heartbeat, or its name
         when it died before its first heartbeat), else a new one."""
         if before.get("job_id"):
@@ -119,7 +122,7 @@ class BurnInActivities:
         minutes = max(int(request.deadline_s // 60), 1)
         submitted = self.cli.run(
             "sbatch", "--parsable", f"--job-name={job_name(request)}",
-            f"--reservation={reservation_name(request.node)}", f"--nodelist={request.node}", "--nodes=1",
+            f"--reservation={reservation_name(request.node)}", f"--nodelist={slurm}", "--nodes=1",
             "--no-requeue", f"--time={minutes}",
             f"--output={out / job_name(request)}.out", str(script))
         return int(submitted.strip().split(";")[0])

@@ -209,6 +209,11 @@ class KubernetesActivities:
             response = call(_preload_content=False, _request_timeout=self.timeout, **kwargs)
         return list(json.loads(response.data).get("items") or [])
 
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """Pods of `namespace` that `label_selector` selects, as plain JSON (Slinky's slurmd pods)."""
+        return self.raw_list(f"list pods {label_selector} in {namespace}", self.core.list_namespaced_pod,
+                             namespace=namespace, label_selector=label_selector)
+
     def list_nodes(self, label_selector: str) -> list[NodeInfo]:
         return [node_info_from_json(n, self.policy.labels.gpu_resource) for n in self.raw_list(
             "list nodes", self.core.list_node, label_selector=label_selector or None)]
@@ -452,7 +457,7 @@ class KubernetesActivities:
     async def evict_pods(self, request: EvictRequest) -> EvictionReport:
         """Evict every pod on the node through the Eviction API, like `kubectl drain`.
 
-        DaemonSet and mirror pods are skipped (their controllers put them straight back); a
+        DaemonSet, Slinky NodeSet and mirror pods are skipped (their controllers put them straight back); a
         PodDisruptionBudget's 429 is waited out until the deadline; pods that never leave are
         reported, not hidden. Heartbeats carry progress so a retried attempt can be watched.
         Async, on the waits queue: the PDB backoff and the wait for terminating pods hold no thread.
@@ -464,6 +469,10 @@ class KubernetesActivities:
             info = pod_info(pod, self.policy.labels.gpu_resource)
             if info.owner_kind == "DaemonSet":
                 skipped.append(PodProblem(pod=info.ref, reason="DaemonSet pod"))
+            elif info.owner_kind == "NodeSet":
+                # Slinky's slurmd: the node's Slurm side, taken out through Slurm (DRAIN, DOWN); evicted,
+                # its NodeSet would only start it again, and a node coming back would have no Slurm node.
+                skipped.append(PodProblem(pod=info.ref, reason="Slinky NodeSet pod (slurmd)"))
             elif info.mirror:
                 skipped.append(PodProblem(pod=info.ref, reason="mirror (static) pod"))
             elif info.phase in ("Succeeded", "Failed"):

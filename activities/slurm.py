@@ -5,8 +5,12 @@ node updates arrive with v0.0.39). Reads go through slurmrestd when FLEETMEDIC_S
 set (JWT auth), else through `sinfo --json` / `squeue --json`, which ignore their filters in
 22.05, so we filter here.
 
-FleetMedic only changes or clears reasons it owns: a node DOWN or DRAINed by a person, or by
-Slinky's operator (`slurm-operator:`), is left alone and the activity says so.
+FleetMedic only changes or clears reasons it owns: a node DOWN or DRAINed by a person is left
+alone and the activity says so. Nodes are named as Kubernetes names them; `names`
+(activities/slurm_names.py, policy `slurm.mapping`) says which Slurm node each is. With Slinky,
+the operator's drains (`slurm-operator:`, from a cordon it syncs) are worked with, never undone:
+FleetMedic's DRAIN or DOWN keeps the operator's reason inside its own, and its RESUME puts that
+drain back for the operator to clear.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.errors import fail, http_errors, raise_for_status
 from activities.shared_reads import SharedReads
+from activities.slurm_names import OPERATOR_PREFIX, SameName, SlurmNames
 from fleetmedic.errors import ErrorKind
 from fleetmedic.models import (
     ActionResult,
@@ -41,6 +46,16 @@ ACTIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
 # How a job ends after the checkpoint signal: most exit 0 once their checkpoint is written.
 ENDED_AFTER_SIGNAL = ("COMPLETED", "FAILED", "CANCELLED")
 NOT_FOUND_NODE = re.compile(r"Node \S+ not found")
+# FleetMedic's DRAIN or DOWN over the operator's drain keeps the operator's reason after its own
+# (the operator leaves a reason that is not its own alone): FleetMedic's RESUME puts that drain
+# back, and the operator clears it when its cause (a cordon) is gone.
+KEPT = " | kept: "
+
+
+def kept_drain(reason: str) -> str:
+    """The operator's drain reason that FleetMedic's `reason` keeps ("" when none)."""
+    kept = reason.partition(KEPT)[2]
+    return kept if kept.startswith(OPERATOR_PREFIX) else ""
 
 
 def _classify_cli_error(text: str) -> ErrorKind:
@@ -260,10 +275,13 @@ class SlurmRest:
 
 
 class SlurmActivities:
-    def __init__(self, cli: SlurmCli, reader: SlurmReader | None = None, *, force_dry_run: bool = False) -> None:
+    def __init__(self, cli: SlurmCli, reader: SlurmReader | None = None, *, force_dry_run: bool = False,
+                 names: SlurmNames | None = None) -> None:
         self.cli = cli
         self.reader: SlurmReader = reader or cli
         self.force_dry_run = force_dry_run
+        self.names: SlurmNames = names or SameName()
+        self.slinky = self.names.mapping == "slinky"
         # Runs asking at once share one read (activities/shared_reads.py): 50 nodes failing
         # together ask slurmctld twice, not 100 times, each answer still read after its question.
         self.shared_nodes: SharedReads[str, SlurmNode] = SharedReads(self.reader.nodes)
@@ -272,9 +290,14 @@ class SlurmActivities:
         # still waits for its own update, done by a process started after it asked.
         self.shared_updates: SharedReads[NodeUpdate, Exception] = SharedReads(cli.update_nodes, max_keys=100)
 
+    def slurm_name(self, node: str) -> str | None:
+        """The Slurm node of Kubernetes node `node` (None: it has none, policy `slurm.mapping`)."""
+        return self.names.slurm_node(node)
+
     def node_now(self, name: str) -> SlurmNode | None:
-        """The node as slurmctld has it now (None: Slurm has no such node)."""
-        return self.shared_nodes.get(name)
+        """Kubernetes node `name`'s Slurm node as slurmctld has it now (None: there is none)."""
+        slurm = self.slurm_name(name)
+        return self.shared_nodes.get(slurm) if slurm is not None else None
 
     def _jobs(self) -> list[dict[str, Any]]:
         return self.shared_jobs.get(None) or []
@@ -282,17 +305,41 @@ class SlurmActivities:
     def _node(self, name: str) -> SlurmNode:
         node = self.node_now(name)
         if node is None:
-            raise fail(ErrorKind.NOT_FOUND, f"Slurm has no node {name}")
+            raise fail(ErrorKind.NOT_FOUND, self.names.missing(name))
         return node
 
     @activity.defn(name="slurm.get_node")
     def get_node(self, name: str) -> SlurmNode:
-        return self._node(name)
+        if not self.slinky:
+            return self._node(name)
+        # A replacement's slurmd pod comes after its node, and registers after it starts: until
+        # then the node is one Slurm does not know yet (a runbook waiting for it keeps waiting).
+        slurm = self.slurm_name(name)
+        node = self.shared_nodes.get(slurm) if slurm is not None else None
+        if node is None:
+            why = (self.names.missing(name) if slurm is None
+                   else f"slurmd pod {slurm} on {name} has not registered with slurmctld")
+            return SlurmNode(name=slurm or name, state="unknown", reason=why)
+        return node
 
     @activity.defn(name="slurm.jobs_on_node")
     def jobs_on_node(self, node: str) -> list[SlurmJob]:
+        if not self.slinky:
+            jobs = [job_from_json(raw) for raw in self._jobs()]
+            return [j for j in jobs if node in self._expand(j.nodes) and j.state in ACTIVE_JOB_STATES]
+        slurm = self.slurm_name(node)
+        if slurm is None:
+            return []
         jobs = [job_from_json(raw) for raw in self._jobs()]
-        return [j for j in jobs if node in self._expand(j.nodes) and j.state in ACTIVE_JOB_STATES]
+        jobs = [j.model_copy(update={"nodes": self._expand(j.nodes)}) for j in jobs if j.state in ACTIVE_JOB_STATES]
+        return self._as_kubernetes([j for j in jobs if slurm in j.nodes])
+
+    def _as_kubernetes(self, jobs: list[SlurmJob]) -> list[SlurmJob]:
+        """Jobs with their nodes as Kubernetes names them (Slinky: the nodes their slurmd pods run
+        on), from one read of the pods."""
+        nodes = [self._expand(j.nodes) for j in jobs]
+        where = self.names.kube_nodes({n for ns in nodes for n in ns}) if jobs else {}
+        return [j.model_copy(update={"nodes": [where[n] for n in ns]}) for j, ns in zip(jobs, nodes, strict=True)]
 
     def _expand(self, nodes: list[str]) -> list[str]:
         if not any("[" in n for n in nodes):
@@ -303,7 +350,8 @@ class SlurmActivities:
     def get_job(self, job_id: int) -> SlurmJob:
         for raw in self._jobs():
             if int(raw.get("job_id", -1)) == job_id:
-                return job_from_json(raw)
+                job = job_from_json(raw)
+                return self._as_kubernetes([job])[0] if self.slinky else job
         raise fail(ErrorKind.NOT_FOUND, f"Slurm has no job {job_id} (finished longer than MinJobAge ago?)")
 
     @activity.defn(name="slurm.set_node_state")
@@ -314,34 +362,59 @@ class SlurmActivities:
     def set_state(self, request: SetSlurmNodeState, current: SlurmNode | None = None) -> ActionResult:
         """`set_node_state`; `current`: the node as just read, if it was (the protective step reads
         it beside the Kubernetes node)."""
-        node = current or self._node(request.node)
-        target = f"Slurm node {request.node}"
+        verb = {SlurmNodeState.RESUME: "resume", SlurmNodeState.DOWN: "set DOWN"}.get(request.state, "set DRAIN")
+        slurm = self.slurm_name(request.node)
+        node = current or (self.shared_nodes.get(slurm) if slurm is not None else None)
+        if slurm is None or (node is None and self.slinky):
+            # Slinky: no slurmd pod on the node (yet), or one slurmctld has not heard from: nothing to set.
+            why = self.names.missing(request.node) if slurm is None else (
+                f"slurmd pod {slurm} on {request.node} has not registered with slurmctld: nothing to set")
+            return self._result(verb, f"Slurm side of node {request.node}", changed=False, request=request, detail=why)
+        if node is None:
+            raise fail(ErrorKind.NOT_FOUND, self.names.missing(request.node))
+        target = f"Slurm node {slurm}" + (f" (slurmd pod on {request.node})" if slurm != request.node else "")
         owned = node.reason.startswith(REASON_PREFIX)
+        # Slinky's operator drained it, syncing a cordon (maybe ours): its drain, which it clears itself.
+        theirs = self.slinky and node.out_of_service and node.reason.startswith(OPERATOR_PREFIX)
         if request.state is SlurmNodeState.RESUME:
             if not node.out_of_service:
-                return self._result("resume", target, changed=False, request=request, detail="already in service")
+                return self._result(verb, target, changed=False, request=request, detail="already in service")
+            if theirs:
+                return self._result(verb, target, changed=False, request=request, detail=(
+                    f"drained by Slinky's operator ('{node.reason}'): left to it, which undrains the node once "
+                    "its Kubernetes node is uncordoned"))
             if not owned:
                 raise fail(ErrorKind.NOT_OWNED, f"{target} is out of service for '{node.reason}', "
                                                 f"which FleetMedic does not own; not resuming it")
             if self._dry(request):
-                return self._result("resume", target, changed=False, request=request, detail=node.reason)
-            self._update((request.node, "RESUME", ""))
-            return self._result("resume", target, changed=True, request=request, detail=f"was: {node.reason}")
+                return self._result(verb, target, changed=False, request=request, detail=node.reason)
+            kept = kept_drain(node.reason) if self.slinky else ""
+            self._update((slurm, "RESUME", ""))
+            if kept:  # the operator's drain, as it was before FleetMedic's DOWN: the operator clears it
+                self._update((slurm, "DRAIN", kept))
+            return self._result(verb, target, changed=True, request=request, detail=f"was: {node.reason}" + (
+                f"; Slinky's operator's drain put back for it to clear: {kept}" if kept else ""))
 
         if not request.reason.startswith(REASON_PREFIX):
             raise fail(ErrorKind.INVALID, f"a reason FleetMedic sets must start with '{REASON_PREFIX}'")
-        verb = "set DOWN" if request.state is SlurmNodeState.DOWN else "set DRAIN"
-        if node.out_of_service and node.reason and not owned:
+        if node.out_of_service and node.reason and not owned and not theirs:
             raise fail(ErrorKind.NOT_OWNED, f"{target} is already out of service for '{node.reason}', "
                                             f"which FleetMedic does not own; leaving it")
+        kept = node.reason if theirs else kept_drain(node.reason) if self.slinky else ""
+        reason = f"{request.reason}{KEPT}{kept}" if kept else request.reason
         already = (node.state == "down" if request.state is SlurmNodeState.DOWN
                    else node.state in ("drained", "draining") or "DRAIN" in node.flags)
-        if already and node.reason == request.reason:
-            return self._result(verb, target, changed=False, request=request, detail=request.reason)
+        if already and node.reason == reason:
+            return self._result(verb, target, changed=False, request=request, detail=reason)
         if self._dry(request):
-            return self._result(verb, target, changed=False, request=request, detail=request.reason)
-        self._update((request.node, request.state.value, request.reason))
-        return self._result(verb, target, changed=True, request=request, detail=request.reason)
+            return self._result(verb, target, changed=False, request=request, detail=reason)
+        if self.slinky and request.state is SlurmNodeState.DOWN and not (
+                "DRAIN" in node.flags or node.state in ("drained", "draining")):
+            # The operator drains a node whose Kubernetes node is cordoned and that lacks the DRAIN
+            # flag, with a reason of its own that would replace ours: DRAIN first, so it finds one.
+            self._update((slurm, "DRAIN", reason))
+        self._update((slurm, request.state.value, reason))
+        return self._result(verb, target, changed=True, request=request, detail=reason)
 
     def _update(self, update: NodeUpdate) -> None:
         if (error := self.shared_updates.get(update)) is not None:
@@ -382,13 +455,14 @@ class SlurmActivities:
         only while the job runs on the bad node (`--nodelist`)."""
         job = self.get_job(request.job_id)
         target = f"Slurm job {request.job_id}"
-        if job.state not in ACTIVE_JOB_STATES or request.node not in self._expand(job.nodes):
+        slurm = self.slurm_name(request.node)
+        if job.state not in ACTIVE_JOB_STATES or slurm is None or request.node not in self._expand(job.nodes):
             return self._result("signal", target, changed=False, request=request,
                                 detail=f"{job.state.lower()} on {','.join(job.nodes) or 'no node'}: not signalled")
         signal = request.signal.removeprefix("SIG")
         if self._dry(request):
             return self._result("signal", target, changed=False, request=request, detail=f"SIG{signal}")
-        self.cli.run("scancel", f"--signal={signal}", "--full", f"--nodelist={request.node}", str(request.job_id))
+        self.cli.run("scancel", f"--signal={signal}", "--full", f"--nodelist={slurm}", str(request.job_id))
         return self._result("signal", target, changed=True, request=request, detail=f"SIG{signal}")
 
     def _dry(self, request: SetSlurmNodeState | RequeueJob | SignalJob) -> bool:

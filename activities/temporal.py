@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -12,6 +13,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.slurm_names import SameName, SlurmNames
 from activities.start import RUNBOOK_TASK_TIMEOUT, start_or_attach
 from fleetmedic.ids import FLEET_NODE, node_workflow_id, run_summary, start_attributes
 from fleetmedic.job_failures import SuspectNodeInput, SuspectRequest
@@ -22,9 +24,17 @@ HARDWARE_RUNBOOKS = ("xid-recovery", "hot-gpu-pull", "nvlink-fault-replace", "su
 
 
 class TemporalActivities:
-    def __init__(self, client: Client, task_queue: str) -> None:
+    def __init__(self, client: Client, task_queue: str, names: SlurmNames | None = None) -> None:
         self.client = client
         self.task_queue = task_queue
+        # Job failures name Slurm nodes; runbooks run on Kubernetes nodes (Slinky: not the same names).
+        self.names: SlurmNames = names or SameName()
+
+    async def kube_nodes(self, slurm: list[str]) -> dict[str, str]:
+        """Slurm node → the Kubernetes node it runs on."""
+        if self.names.mapping == "same-name":
+            return {n: n for n in slurm}
+        return await asyncio.to_thread(self.names.kube_nodes, slurm)
 
     @activity.defn(name="temporal.running")
     async def running(self, workflow_ids: list[str]) -> list[str]:
@@ -65,8 +75,10 @@ class TemporalActivities:
         that failed on such a node has a known cause. One query for the whole allocation."""
         if not nodes:
             return {}
+        kube = await self.kube_nodes(nodes)
+        slurm_of = {k: s for s, k in kube.items()}
         try:
-            names = ", ".join(visibility_literal(n) for n in sorted(set(nodes))[:500])
+            names = ", ".join(visibility_literal(n) for n in sorted(set(kube.values()))[:500])
             kinds = ", ".join(visibility_literal(r) for r in HARDWARE_RUNBOOKS)
             after = since.isoformat().replace("+00:00", "Z")
             query = (f"FleetCluster = {visibility_literal(cluster)} AND FleetNode IN ({names}) AND FleetRunbook IN "
@@ -74,15 +86,18 @@ class TemporalActivities:
             found: dict[str, str] = {}
             async for run in self.client.list_workflows(query, limit=200):
                 node = run.typed_search_attributes.get(FLEET_NODE)
-                if node and node not in found:
-                    found[node] = run.id
+                if node and slurm_of.get(node, node) not in found:
+                    found[slurm_of.get(node, node)] = run.id
             return found
         except UntrustedValue as exc:
             raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from None
 
     @activity.defn(name="jobs.start_suspect")
     async def start_suspect(self, request: SuspectRequest) -> str:
-        """The suspect's trial: a suspect-node run for the node (attached to, when one is open)."""
+        """The suspect's trial: a suspect-node run for the node (attached to, when one is open) —
+        the Kubernetes node that the Slurm node runs on, where they differ (Slinky)."""
+        node = (await self.kube_nodes([request.node]))[request.node]
+        request = request.model_copy(update={"node": node})
         workflow_id = node_workflow_id("suspect-node", request.cluster, request.node)
         arg = SuspectNodeInput(cluster=request.cluster, node=request.node, evidence=request.evidence,
                                dry_run=request.dry_run)

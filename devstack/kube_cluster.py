@@ -261,7 +261,8 @@ def install_rbac_and_crds(cluster: LocalKubeCluster) -> None:
                               text=True, timeout=60, check=True).stdout
     rbac = [doc for doc in yaml.safe_load_all(rendered) if doc and doc.get("kind") in RBAC_KINDS]
     documents = yaml.safe_dump_all(rbac)
-    crds = sorted((cache_dir() / "crds").glob("*.yaml"))
+    # ... and those written here for what cannot be fetched (Slinky's NodeSet: devstack/crds).
+    crds = sorted((cache_dir() / "crds").glob("*.yaml")) + sorted((REPO / "devstack" / "crds").glob("*.yaml"))
     kubectl = ["kubectl", "--kubeconfig", str(cluster.kubeconfig("admin"))]
     subprocess.run([*kubectl, "apply", "--server-side", "-f", "-"], input=documents, text=True, check=True,
                    capture_output=True, timeout=60)

@@ -236,6 +236,17 @@ class LocalSlurmCluster:
         if f"slurmd-{name}" not in self.procs:
             self._spawn(f"slurmd-{name}", ["slurmd", "-D", "-N", name, "-f", str(self.conf)])
 
+    def stop_slurmd(self, name: str) -> None:
+        """Stop node `name`'s slurmd (ours, by its PID): its pod or machine went away."""
+        proc = self.procs.pop(f"slurmd-{name}", None)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
     def _check_alive(self) -> None:
         for name, proc in self.procs.items():
             if proc.poll() is not None:
@@ -257,7 +268,7 @@ class LocalSlurmCluster:
     def _all_idle(self) -> bool:
         out = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False, timeout=5).stdout.split("\n")
         states = dict(line.split() for line in out if line.strip())
-        return bool(states) and all(states.get(n) == "idle" for n in self.nodes)
+        return (bool(states) or not self.nodes) and all(states.get(n) == "idle" for n in self.nodes)
 
     def _rest_up(self) -> bool:
         with socket.socket() as sock:

@@ -237,6 +237,53 @@ class ProviderPolicy(_Strict):
     karpenter: KarpenterProviderPolicy = KarpenterProviderPolicy()
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_SELECTOR_TERM = re.compile(r"[A-Za-z0-9./_-]+(\s*(=|==|!=)\s*[A-Za-z0-9._-]*)?")
+
+
+class SlinkyPolicy(_Strict):
+    """Where Slinky's slurm-operator runs slurmd: the pods of its NodeSets (docs/production.md)."""
+
+    namespace: str = "slurm"
+    # The slurmd pods: slurm-operator labels every NodeSet pod `app.kubernetes.io/name=slurmd`.
+    selector: str = "app.kubernetes.io/name=slurmd"
+    # The NodeSets whose pods are Slurm nodes of this cluster; empty: every NodeSet in `namespace`.
+    nodesets: list[str] = Field(default_factory=list)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if not _DNS_LABEL.fullmatch(value):
+            raise ValueError(f"{value!r} is not a namespace name")
+        return value
+
+    @field_validator("nodesets")
+    @classmethod
+    def _nodesets(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", name):
+                raise ValueError(f"{name!r} is not a NodeSet name")
+        return value
+
+    @field_validator("selector")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        # Equality terms only (`key=value,key!=value,key`): the selector reaches the API as given.
+        if not value or not all(_SELECTOR_TERM.fullmatch(term.strip()) for term in value.split(",")):
+            raise ValueError(f"{value!r} is not a label selector of equality terms (key=value, key!=value, key)")
+        return value
+
+
+class SlurmPolicy(_Strict):
+    """Which Slurm node a Kubernetes node is. `same-name`: the one named like it (slurm.conf lists
+    the hosts, or dynamic nodes register under the host's name). `slinky`: the Slurm node of the
+    slurmd pod that a Slinky NodeSet runs on it, named after the pod; a node without one has no
+    Slurm side."""
+
+    mapping: Literal["same-name", "slinky"] = "same-name"
+    slinky: SlinkyPolicy = SlinkyPolicy()
+
+
 class BurnInPolicy(_Strict):
     """A diagnostic on the node between its validation and its return to service (none of the
     anchors has one): a Slurm job run on the node inside a maintenance reservation, so nothing else
@@ -528,6 +575,7 @@ class Policy(_Strict):
     approvals: ApprovalPolicy = ApprovalPolicy()
     lemon: LemonPolicy = LemonPolicy()
     provider: ProviderPolicy = ProviderPolicy()
+    slurm: SlurmPolicy = SlurmPolicy()
     burn_in: BurnInPolicy = BurnInPolicy()
     crash: CrashPolicy = CrashPolicy()
     storage: StoragePolicy = StoragePolicy()

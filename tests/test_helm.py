@@ -90,6 +90,7 @@ def test_the_copies_in_the_chart_are_the_shipped_files() -> None:
 def test_values_choose_cluster_providers_policy_agent_and_the_prometheus_operator() -> None:
     objects = template("cluster=gpu-east-1", "agent.enabled=false", "prometheusOperator.enabled=true",
                        "policy.provider.kind=cluster-api", "policy.burn_in.enabled=true", "providers.karpenter=false",
+                       "policy.slurm.mapping=slinky", "policy.slurm.slinky.namespace=slinky",
                        "worker.replicas=3", namespace="gpu-ops")
     kinds = [o["kind"] for o in objects]
     assert "DaemonSet" not in kinds and kinds.count("ServiceMonitor") == 3 and "PrometheusRule" in kinds
@@ -97,6 +98,9 @@ def test_values_choose_cluster_providers_policy_agent_and_the_prometheus_operato
     assert config["FLEETMEDIC_CLUSTER"] == "gpu-east-1" and "FLEETMEDIC_AGENT_URL" not in config
     policy = policy_of(objects)
     assert policy["provider"]["kind"] == "cluster-api" and policy["burn_in"]["enabled"] is True
+    assert parse_policy(yaml.safe_dump(policy)).slurm.model_dump() == {
+        "mapping": "slinky", "slinky": {"namespace": "slinky", "selector": "app.kubernetes.io/name=slurmd",
+                                        "nodesets": []}}
     assert policy["xid"] == parse_policy(default_policy_text()).model_dump(mode="json")["xid"]  # the rest kept
     groups = {g for rule in find(objects, "ClusterRole", "fleetmedic-worker")["rules"] for g in rule["apiGroups"]}
     assert "cluster.x-k8s.io" in groups and "karpenter.sh" not in groups

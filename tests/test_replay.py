@@ -71,6 +71,9 @@ def test_there_are_histories_to_replay() -> None:
         # 0.2.0, behind their patches (docs/upgrading.md): the pause holds the protective step; its
         # retries said in the status
         "xid-recovery-held-by-the-pause", "xid-recovery-protect-retries-said",
+        # ... and a replacement held again once its slurmd registered (Slinky: the slurmd pod's
+        # Slurm node), the operator's drain kept under FleetMedic's DOWN and put back
+        "xid-recovery-slinky-replacement-held", "xid-recovery-slinky-operator-drain-kept",
         # 0.2.0, new runbooks: training-job failures and the suspect's trial
         "job-failures-restarted-then-trial", "job-failures-restarts-stopped", "job-failures-widespread",
         "job-failures-kubernetes-pods", "suspect-node-burn-in-passed", "suspect-node-burn-in-failed-replaced"}

@@ -41,6 +41,7 @@ from activities.protect import ProtectiveActivities
 from activities.providers import ProviderActivities, make_provider
 from activities.slack import SlackActivities
 from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
+from activities.slurm_names import SameName, SlinkyNames
 from activities.storage import StorageActivities
 from activities.temporal import TemporalActivities
 from activities.traffic import TrafficActivities, TrafficHandoff
@@ -104,7 +105,10 @@ class Activities:
         cli = SlurmCli(settings.slurm_conf, settings.slurm_timeout_s)
         reader = (SlurmRest(settings.slurmrestd_url, settings.slurm_jwt or "", settings.slurm_user,
                             settings.slurm_timeout_s) if settings.slurmrestd_url else None)
-        slurm = SlurmActivities(cli, reader, force_dry_run=dry)
+        # Which Slurm node each Kubernetes node is: the same name, or its Slinky slurmd pod's.
+        names = (SlinkyNames(policy.slurm.slinky, kubernetes.list_pods) if policy.slurm.mapping == "slinky"
+                 else SameName())
+        slurm = SlurmActivities(cli, reader, force_dry_run=dry, names=names)
         provider = make_provider(policy.provider, kube_client, token=settings.provider_token,
                                  kube_timeout_s=settings.kube_timeout_s)
         context = RunContext(slurm_enabled=slurm_enabled(settings), agent_configured=bool(settings.agent_url),
@@ -138,7 +142,7 @@ class Activities:
             GuardActivities(client, guard_queue(settings)),
             KueueTrigger(client, settings.task_queue),
             TrafficHandoff(client),
-            TemporalActivities(client, settings.task_queue),
+            TemporalActivities(client, settings.task_queue, names),
         ]
         self.all = [fn for group in groups for fn in group.activities()] + self.protective
         self.node_watch = kubernetes.node_watch

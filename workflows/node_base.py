@@ -45,6 +45,9 @@ with workflow.unsafe.imports_passed_through():
 POLL = timedelta(seconds=2)
 # The protective step's retries in the workflow, each failure in the run's status (0.2.0).
 PROTECT_RETRIES_SAID = "protect-retries-said"
+# A replacement's Slurm node held (DRAIN) again once its slurmd registered (0.2.0): with Slinky it
+# did not exist when the run took the new node in.
+HOLD_REGISTERED = "hold-registered-replacement"
 # A fault confirmed before a lease that took longer than this to come is confirmed again.
 RECHECK_AFTER = timedelta(minutes=1)
 
@@ -82,6 +85,7 @@ class NodeRunbookBase(Runbook):
     # Since 0.2.0 the protective step's retries are the workflow's, each failure said in the run's
     # status (decided in `load`, before the first local activity: docs/upgrading.md).
     protect_retries_said = False
+    hold_registered = False  # since 0.2.0 (HOLD_REGISTERED)
     kill_answer: KillAnswer | None = None  # the fleet guard's answer to a protective kill
     killed: tuple[SlurmJob, ...] = ()  # jobs requeued by the protective kill (their XID had killed them)
     out_since: datetime | None = None  # when the node left service (Slurm DOWN/DRAIN and cordon)
@@ -150,6 +154,7 @@ class NodeRunbookBase(Runbook):
     async def load(self, xid: int | None = None) -> Policy:
         self.enter("load policy")
         self.protect_retries_said = workflow.patched(PROTECT_RETRIES_SAID)
+        self.hold_registered = workflow.patched(HOLD_REGISTERED)
         # Local activities: the worker's own configuration, no round trip through the task queue.
         policy, context = await asyncio.gather(
             local(refs.CONFIG_POLICY, ()), local(refs.CONFIG_CONTEXT, ()))

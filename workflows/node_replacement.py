@@ -13,8 +13,9 @@ replacement to the node that will serve:
    (still Ready: left cordoned and annotated instead), its Slurm node DOWN with "replaced by …".
 
 The Slurm node is the one named like the Kubernetes node (a slurm.conf that lists the provider's
-names, dynamic nodes, Slinky with slurmd registering under the host's name: docs/providers.md):
-the replacement is a Slurm node of its own, registered by its slurmd.
+names, dynamic nodes), or with `slurm.mapping: slinky` the one of the slurmd pod that Slinky's
+NodeSet starts on it (activities/slurm_names.py): the replacement is a Slurm node of its own,
+registered by its slurmd, and held again once it has.
 """
 
 from __future__ import annotations
@@ -119,9 +120,13 @@ class ReplacementSteps(RemediateSteps):
         self.replaced_nodes, self.node = (*self.replaced_nodes, old), new
         self.new_machine, self.held_replacement = True, False
         if self.context.slurm_enabled:
-            await self.act("take in replacement", refs.SET_SLURM_STATE, SetSlurmNodeState(
-                node=new, state=SlurmNodeState.DRAIN, dry_run=self.dry_run,
-                reason=f"fleetmedic: replaces {old}, held until validated ({self.workflow_id})"))
+            await self.hold_in_slurm()
+
+    async def hold_in_slurm(self) -> None:
+        """The replacement DRAINed in Slurm until it has passed everything."""
+        await self.act("take in replacement", refs.SET_SLURM_STATE, SetSlurmNodeState(
+            node=self.node, state=SlurmNodeState.DRAIN, dry_run=self.dry_run,
+            reason=f"fleetmedic: replaces {self.replaced_nodes[-1]}, held until validated ({self.workflow_id})"))
 
     async def hold_replacement(self) -> None:
         """Cordon the new node as soon as it is Ready (a NotReady node takes no pods), and wait for
@@ -144,11 +149,17 @@ class ReplacementSteps(RemediateSteps):
             self.waiting_for = f"slurmd of {self.node} to register with slurmctld (until {deadline.isoformat()})"
             node = await self.call(step, refs.SLURM_NODE, self.node)
             if node is None or (node.state not in ("unknown", "future") and "NOT_RESPONDING" not in node.flags):
-                self.decide(step, f"Slurm node {self.node} registered ({node.state if node else 'check skipped'})")
+                self.decide(step, f"Slurm node {node.name if node else self.node} registered "
+                                  f"({node.state if node else 'check skipped'})")
+                if node is not None and self.hold_registered:
+                    # Slinky: the node's slurmd pod came after the node, so the hold at take-in found
+                    # no Slurm node; the operator's drain of the cordoned node is not FleetMedic's.
+                    await self.hold_in_slurm()
                 return
             if workflow.now() >= deadline:
+                why = f"{node.state}: {node.reason}" if node.reason else node.state
                 answer = await self.escalate(step, f"Slurm node {self.node} did not register within {limit} "
-                                                   f"(state {node.state}): is its slurmd running, and does "
+                                                   f"(state {why}): is its slurmd running, and does "
                                                    "slurm.conf (or a dynamic node) name it?")
                 if answer.action == "abort":
                     raise RunbookAborted(answer.by, answer.reason or "replacement not in Slurm")
