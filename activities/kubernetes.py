@@ -74,6 +74,15 @@ def api_errors(what: str) -> Iterator[None]:
         raise fail(ErrorKind.UNAVAILABLE, f"kube-apiserver{_at(exc)} unreachable: {what}: {exc}") from None
 
 
+def newest_served(api: ApiClient, group: str, versions: tuple[str, ...], timeout: float) -> str | None:
+    """The first of `versions` (newest first) the API server serves for `group` (discovery); None
+    when it serves none of them (the group is not installed)."""
+    with api_errors(f"discover the served {group} versions"):
+        groups = client.ApisApi(api).get_api_versions(_request_timeout=timeout).groups or []
+    served = {v.version for g in groups if g.name == group for v in g.versions or []}
+    return next((v for v in versions if v in served), None)
+
+
 def _at(exc: Exception) -> str:
     """" at host:port" of the connection that failed, when urllib3 says."""
     conn = getattr(exc, "conn", None) or getattr(exc, "pool", None)

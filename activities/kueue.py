@@ -1,7 +1,9 @@
 """Kueue through the Kubernetes API: ResourceFlavors, ClusterQueues and admitted Workloads read
 for kueue-quota-sync, and a ClusterQueue's GPU `nominalQuota` set with optimistic concurrency.
 
-Kueue's objects are cluster-scoped (flavors, queues) and namespaced (workloads), `kueue.x-k8s.io/v1beta1`.
+Kueue's objects are cluster-scoped (flavors, queues) and namespaced (workloads), in the newest
+version the API server serves: `kueue.x-k8s.io/v1beta2` (Kueue 0.15 on, its storage version since),
+else v1beta1 (deprecated from 0.17). Every field read here is the same in both.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from temporalio import activity
 from temporalio.client import Client
 
 from activities.errors import fail, reread_on_conflict
-from activities.kubernetes import KubernetesActivities, api_errors, node_info
+from activities.kubernetes import KubernetesActivities, api_errors, newest_served, node_info
 from activities.start import RUNBOOK_TASK_TIMEOUT, signal_shared
 from fleetmedic.details import run_details
 from fleetmedic.errors import ErrorKind
@@ -22,12 +24,19 @@ from fleetmedic.ids import cluster_workflow_id, run_summary, start_attributes
 from fleetmedic.models import ActionResult
 from fleetmedic.quota import Flavor, KueueSnapshot, Queue, QuotaSlot, QuotaSyncInput, QuotaUpdate
 
-GROUP, VERSION = "kueue.x-k8s.io", "v1beta1"
+GROUP, VERSIONS = "kueue.x-k8s.io", ("v1beta2", "v1beta1")
 
 
 class KueueActivities:
     def __init__(self, kubernetes: KubernetesActivities) -> None:
         self.k8s = kubernetes
+        self.served: str | None = None  # found once per process; Kueue may be installed later
+
+    def version(self) -> str | None:
+        """The Kueue API version to speak (None: Kueue is not installed here)."""
+        if self.served is None:
+            self.served = newest_served(self.k8s.custom.api_client, GROUP, VERSIONS, self.k8s.timeout)
+        return self.served
 
     @property
     def gpu(self) -> str:
@@ -35,12 +44,16 @@ class KueueActivities:
 
     def objects(self, plural: str) -> list[dict[str, Any]] | None:
         """Every cluster-wide Kueue object of a kind; None when Kueue's API is not installed here."""
+        version = self.version()
+        if version is None:
+            return None
         try:
             with api_errors(f"list Kueue {plural}"):
-                result = self.k8s.custom.list_cluster_custom_object(GROUP, VERSION, plural,
+                result = self.k8s.custom.list_cluster_custom_object(GROUP, version, plural,
                                                                     _request_timeout=self.k8s.timeout)
         except Exception as exc:
             if getattr(exc, "type", None) == ErrorKind.NOT_FOUND:
+                self.served = None  # uninstalled, or moved to a newer version: ask again next time
                 return None
             raise
         return list(result.get("items", []))
@@ -94,8 +107,11 @@ class KueueActivities:
         detail = ", ".join(f"{s.flavor} {s.nominal}" for s in update.slots)
 
         def attempt() -> ActionResult:
+            version = self.version()
+            if version is None:
+                raise fail(ErrorKind.NOT_FOUND, f"{target}: Kueue's API ({GROUP}) is not served here")
             with api_errors(f"get ClusterQueue {update.queue}"):
-                queue = self.k8s.custom.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", update.queue,
+                queue = self.k8s.custom.get_cluster_custom_object(GROUP, version, "clusterqueues", update.queue,
                                                                   _request_timeout=self.k8s.timeout)
             changed = False
             for slot in update.slots:
@@ -118,7 +134,7 @@ class KueueActivities:
                 return ActionResult(system="kubernetes", action="set quota", target=target, changed=False,
                                     dry_run=True, detail=detail)
             with api_errors(f"update ClusterQueue {update.queue}"):
-                self.k8s.custom.replace_cluster_custom_object(GROUP, VERSION, "clusterqueues", update.queue,
+                self.k8s.custom.replace_cluster_custom_object(GROUP, version, "clusterqueues", update.queue,
                                                               queue, _request_timeout=self.k8s.timeout)
             return ActionResult(system="kubernetes", action="set quota", target=target, changed=True,
                                 detail=detail)

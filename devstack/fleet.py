@@ -135,7 +135,7 @@ def nodeclaim(name: str, *, node: str | None = None, nodepool: str = "gpu",
     return obj
 
 
-KUEUE = "kueue.x-k8s.io/v1beta1"
+KUEUE = "kueue.x-k8s.io/v1beta2"  # Kueue 0.17's storage version (v1beta1 is deprecated)
 
 
 def resource_flavor(name: str, node_labels: dict[str, str]) -> dict[str, Any]:
@@ -151,7 +151,7 @@ def cluster_queue(name: str, gpu_quota: dict[str, int], *, cohort: str = "") -> 
                                                    {"name": "nvidia.com/gpu", "nominalQuota": gpus}]}
                     for flavor, gpus in gpu_quota.items()]}]}
     if cohort:
-        spec["cohort"] = cohort
+        spec["cohortName"] = cohort  # v1beta1's `cohort`
     return {"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec}
 
 

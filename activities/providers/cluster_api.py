@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 
 from activities.errors import fail
-from activities.kubernetes import api_errors
+from activities.kubernetes import api_errors, newest_served
 from activities.providers.base import KubernetesProvider, ask_a_human
 from fleetmedic.errors import ErrorKind
 from fleetmedic.models import Follow, ProviderRequest, ProviderResult
@@ -50,10 +50,7 @@ class ClusterApiProvider(KubernetesProvider):
     def served(self, api: ApiClient) -> str:
         """The newest Cluster API version the API server serves, asked once per process."""
         if not self.discovered:
-            with api_errors("discover the served Cluster API versions"):
-                groups = client.ApisApi(api).get_api_versions(_request_timeout=self.timeout).groups or []
-            served = {v.version for g in groups if g.name == GROUP for v in g.versions or []}
-            self.version = next((v for v in VERSIONS if v in served), VERSIONS[-1])
+            self.version = newest_served(api, GROUP, VERSIONS, self.timeout) or VERSIONS[-1]
             self.discovered = True
         return self.version
 
