@@ -317,10 +317,15 @@ class SlurmActivities:
         slurm = self.slurm_name(name)
         node = self.shared_nodes.get(slurm) if slurm is not None else None
         if node is None:
-            why = (self.names.missing(name) if slurm is None
-                   else f"slurmd pod {slurm} on {name} has not registered with slurmctld")
-            return SlurmNode(name=slurm or name, state="unknown", reason=why)
+            return SlurmNode(name=slurm or name, state="unknown", reason=self._no_slurm_node(name, slurm))
         return node
+
+    def _no_slurm_node(self, node: str, slurm: str | None) -> str:
+        """Why Kubernetes node `node` has no Slurm node to act on (Slinky): no slurmd pod, or its
+        pod's slurmd (`slurm`) not registered yet."""
+        if slurm is None:
+            return self.names.missing(node)
+        return f"slurmd pod {slurm} on {node} has not registered with slurmctld"
 
     @activity.defn(name="slurm.jobs_on_node")
     def jobs_on_node(self, node: str) -> list[SlurmJob]:
@@ -363,13 +368,13 @@ class SlurmActivities:
         """`set_node_state`; `current`: the node as just read, if it was (the protective step reads
         it beside the Kubernetes node)."""
         verb = {SlurmNodeState.RESUME: "resume", SlurmNodeState.DOWN: "set DOWN"}.get(request.state, "set DRAIN")
-        slurm = self.slurm_name(request.node)
+        # The node as just read names itself: no second lookup of its slurmd pod.
+        slurm = current.name if current is not None else self.slurm_name(request.node)
         node = current or (self.shared_nodes.get(slurm) if slurm is not None else None)
         if slurm is None or (node is None and self.slinky):
             # Slinky: no slurmd pod on the node (yet), or one slurmctld has not heard from: nothing to set.
-            why = self.names.missing(request.node) if slurm is None else (
-                f"slurmd pod {slurm} on {request.node} has not registered with slurmctld: nothing to set")
-            return self._result(verb, f"Slurm side of node {request.node}", changed=False, request=request, detail=why)
+            return self._result(verb, f"Slurm side of node {request.node}", changed=False, request=request,
+                                detail=f"{self._no_slurm_node(request.node, slurm)}: nothing to set")
         if node is None:
             raise fail(ErrorKind.NOT_FOUND, self.names.missing(request.node))
         target = f"Slurm node {slurm}" + (f" (slurmd pod on {request.node})" if slurm != request.node else "")

@@ -64,11 +64,9 @@ class SameName:
 
 @dataclass(frozen=True)
 class SlurmdPod:
-    namespace: str
     name: str
     slurm: str  # the Slurm node it registers as
     node: str  # the Kubernetes node it is bound to
-    nodeset: str
     terminating: bool
 
 
@@ -83,9 +81,8 @@ def slurmd_pods(items: list[dict[str, Any]], nodesets: Collection[str] = ()) -> 
             continue
         if not spec.get("nodeName") or status.get("phase") in ("Succeeded", "Failed"):
             continue
-        found.append(SlurmdPod(namespace=meta.get("namespace", ""), name=meta["name"],
-                               slurm=spec.get("hostname") or meta["name"], node=spec["nodeName"],
-                               nodeset=owner.get("name", ""), terminating=bool(meta.get("deletionTimestamp"))))
+        found.append(SlurmdPod(name=meta["name"], slurm=spec.get("hostname") or meta["name"], node=spec["nodeName"],
+                               terminating=bool(meta.get("deletionTimestamp"))))
     return found
 
 

@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from activities.slurm import node_from_scontrol
 from devstack.controllers import every
 
 if TYPE_CHECKING:
@@ -84,14 +85,16 @@ class SlinkyOperator:
     def reconcile(self) -> None:
         with self._lock:
             nodes = {n["metadata"]["name"]: n for n in self.kube.list("v1", "Node")}
-            pods = [p for p in self.kube.list("v1", "Pod", self.namespace)
-                    if (p["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == "slurmd"]
+            pods = self._slurmd_pods()
             for ns in self.kube.list(API_VERSION, "NodeSet", self.namespace):
                 self._pods_for(ns, nodes, [p for p in pods if _owner(p) == ns["metadata"]["name"]])
-            pods = [p for p in self.kube.list("v1", "Pod", self.namespace)
-                    if (p["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == "slurmd"]
+            pods = self._slurmd_pods()  # as the pass above left them
             self._slurmds(pods, nodes)
             self._sync_cordons(pods, nodes)
+
+    def _slurmd_pods(self) -> list[dict[str, Any]]:
+        return [p for p in self.kube.list("v1", "Pod", self.namespace)
+                if (p["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == "slurmd"]
 
     def _pods_for(self, ns: dict[str, Any], nodes: dict[str, dict[str, Any]], pods: list[dict[str, Any]]) -> None:
         name = ns["metadata"]["name"]
@@ -147,13 +150,8 @@ class SlinkyOperator:
 
     def _slurm_nodes(self) -> dict[str, tuple[set[str], str]]:
         done = self.slurm.run("scontrol", "show", "node", "-o", check=False, timeout=10)
-        found = {}
-        for line in done.stdout.splitlines():
-            fields = dict(f.partition("=")[::2] for f in line.split() if "=" in f)
-            reason = line.partition(" Reason=")[2].strip() if " Reason=" in line else ""
-            reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", reason)
-            found[fields.get("NodeName", "")] = ({s.rstrip("*") for s in fields.get("State", "").split("+")}, reason)
-        return found
+        nodes = (node_from_scontrol(line) for line in done.stdout.splitlines() if line.startswith("NodeName="))
+        return {node.name: (set(node.flags), node.reason) for node in nodes}
 
     def _scontrol(self, *args: str) -> bool:
         done = self.slurm.run("scontrol", *args, check=False, timeout=10)
