@@ -23,6 +23,7 @@ from fleetmedic.errors import ErrorKind
 from fleetmedic.ids import cluster_workflow_id, run_summary, start_attributes
 from fleetmedic.models import ActionResult
 from fleetmedic.quota import Flavor, KueueSnapshot, Queue, QuotaSlot, QuotaSyncInput, QuotaUpdate
+from fleetmedic.traffic import TrainingWorkload
 
 GROUP, VERSIONS = "kueue.x-k8s.io", ("v1beta2", "v1beta1")
 
@@ -156,6 +157,42 @@ def assigned_gpus(workload: dict[str, Any], gpu: str) -> list[tuple[str, int]]:
     assignments = ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
     return [((a.get("flavors") or {}).get(gpu, ""), int(parse_quantity(str((a.get("resourceUsage") or {})[gpu]))))
             for a in assignments if gpu in (a.get("resourceUsage") or {})]
+
+
+def finished(workload: dict[str, Any]) -> bool:
+    """Kueue marked it Finished (its Job ended): it holds nothing, whatever its Admitted condition says."""
+    return admitted(workload, "Finished")
+
+
+def requested_gpus(workload: dict[str, Any], gpu: str) -> int:
+    """GPUs the Workload asks for: every pod set's count times its pods' GPU requests."""
+    total = 0
+    for pod_set in (workload.get("spec") or {}).get("podSets") or []:
+        pod = (pod_set.get("template") or {}).get("spec") or {}
+        per_pod = sum(int(parse_quantity(str(((c.get("resources") or {}).get("requests") or {}).get(gpu, 0))))
+                      for c in pod.get("containers") or [])
+        total += int(pod_set.get("count") or 1) * per_pod
+    return total
+
+
+def training_workloads(workloads: list[dict[str, Any]], gpu: str, priority: int) -> list[TrainingWorkload]:
+    """Workloads at or above the training priority that hold GPUs (admitted) or want them (pending:
+    active, not admitted, not finished — Kueue may be preempting for them this very moment)."""
+    training = []
+    for item in workloads:
+        level = int((item.get("spec") or {}).get("priority") or 0)
+        if level < priority or finished(item):
+            continue
+        if admitted(item, "Admitted"):
+            gpus = sum(n for _, n in assigned_gpus(item, gpu))
+        elif (item.get("spec") or {}).get("active", True) is not False:
+            gpus = requested_gpus(item, gpu)
+        else:
+            continue  # deactivated: wants nothing until someone activates it
+        training.append(TrainingWorkload(namespace=item["metadata"].get("namespace", ""), name=item["metadata"]["name"],
+                                         uid=item["metadata"].get("uid", ""), priority=level, gpus=gpus,
+                                         admitted=admitted(item, "Admitted")))
+    return training
 
 
 class KueueTrigger:

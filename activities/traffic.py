@@ -17,7 +17,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kubernetes import KubernetesActivities
-from activities.kueue import KueueActivities, admitted, assigned_gpus
+from activities.kueue import KueueActivities, training_workloads
 from fleetmedic.models import EvictionReport, Operator, PodProblem, Taint
 from fleetmedic.policy import TrafficPolicy
 from fleetmedic.selectors import label_selector_matches
@@ -129,19 +129,23 @@ class TrafficActivities:
         return TrafficSnapshot(
             **snapshot, used_gpus=0 if light else used, deployments=selected,
             pods=[p.model_copy(update={"deployment": owned.get(p.ref, "")}) for p, _ in inference],
-            training=[] if light else self._training())
+            training=[] if light else self._training(snapshot["cluster_gpus"]))
 
-    def _training(self) -> list[TrainingWorkload]:
-        """Admitted Kueue Workloads at or above the training priority (none when Kueue is absent)."""
-        training = []
-        for item in self.kueue.objects("workloads") or []:
-            priority = int((item.get("spec") or {}).get("priority") or 0)
-            if not admitted(item, "Admitted") or priority < self.traffic.training_priority:
-                continue
-            gpus = sum(n for _, n in assigned_gpus(item, self.k8s.policy.labels.gpu_resource))
-            training.append(TrainingWorkload(namespace=item["metadata"].get("namespace", ""),
-                                             name=item["metadata"]["name"], priority=priority, gpus=gpus))
-        return training
+    def _training(self, cluster_gpus: int) -> list[TrainingWorkload]:
+        """Training at or above the priority: admitted and not finished, or pending and it would fit
+        in the cluster's GPUs beside the admitted training — then what keeps it out is inference
+        (Kueue preempting it, or pods outside Kueue), not the size of the cluster. None without Kueue."""
+        found = training_workloads(self.kueue.objects("workloads") or [], self.k8s.policy.labels.gpu_resource,
+                                   self.traffic.training_priority)
+        room = cluster_gpus - sum(w.gpus for w in found if w.admitted)
+        wanted = []
+        for workload in found:
+            if not workload.admitted:
+                if workload.gpus > room:
+                    continue  # it waits for training or for nodes, not for inference
+                room -= workload.gpus
+            wanted.append(workload)
+        return wanted
 
     @activity.defn(name="traffic.evict")
     async def evict(self, request: EvictPods) -> EvictionReport:

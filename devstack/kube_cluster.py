@@ -68,15 +68,21 @@ class Process:
 class LocalKubeCluster:
     """The control plane and kwok, once per test session (or per `fleetmedic dev`)."""
 
-    def __init__(self, workdir: Path | None = None, *, node_lease_s: int = 40) -> None:
+    def __init__(self, workdir: Path | None = None, *, node_lease_s: int = 40,
+                 identities: dict[str, tuple[str, str]] | None = None, garbage_collector: bool = False) -> None:
         """`node_lease_s`: kwok's node lease, renewed every quarter of it. A benchmark of thousands
         of nodes on two cores lengthens it: 5,000 leases renewed every 10 s are 500 writes a second,
-        which kept the API server busier than everything FleetMedic did."""
+        which kept the API server busier than everything FleetMedic did. `identities`: more
+        ServiceAccounts with a token (name: (namespace, account)), e.g. Kueue's manager.
+        `garbage_collector`: run the owner-reference garbage collector (off by default, below);
+        Kueue relies on it to delete a pod's Workload once the pod is gone."""
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fleetmedic-kube-"))
         self.node_lease_s = node_lease_s
         self.bin = cache_dir()
         self.processes: list[Process] = []
-        self.tokens = {name: secrets.token_hex(16) for name in ("admin", *IDENTITIES)}
+        self.identities = {**IDENTITIES, **(identities or {})}
+        self.garbage_collector = garbage_collector
+        self.tokens = {name: secrets.token_hex(16) for name in ("admin", *self.identities)}
         self.port = 0
         self.audit_log = self.workdir / "audit.log"
 
@@ -147,7 +153,7 @@ class LocalKubeCluster:
         subprocess.run(["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(certs / "sa.pub")], check=True,
                        capture_output=True)
         rows = [f'{self.tokens["admin"]},admin,admin,"system:masters"']
-        for identity, (namespace, account) in IDENTITIES.items():
+        for identity, (namespace, account) in self.identities.items():
             groups = f"system:serviceaccounts,system:serviceaccounts:{namespace}"
             rows.append(f'{self.tokens[identity]},system:serviceaccount:{namespace}:{account},{identity},"{groups}"')
         (self.workdir / "tokens.csv").write_text("\n".join(rows) + "\n")
@@ -229,10 +235,11 @@ class LocalKubeCluster:
             # Nodes whose kwok heartbeat stops are noticed in seconds, not the default 40 s (a longer
             # lease is renewed less often: its grace grows with it).
             "--node-monitor-period", "1s", "--node-monitor-grace-period", f"{max(20, self.node_lease_s // 2)}s",
-            # No owner-reference garbage collector: test pods name owners (a DaemonSet, a Job) that are
-            # not simulated, and it would delete them as orphans. PodGC (pods of deleted nodes),
-            # disruption, deployment/replicaset, node lifecycle and taint eviction all run.
-            "--controllers", "*,-garbage-collector-controller,-node-ipam-controller,-service-lb-controller,"
+            # No owner-reference garbage collector unless asked: test pods name owners (a DaemonSet, a
+            # Job) that are not simulated, and it would delete them as orphans. PodGC (pods of deleted
+            # nodes), disruption, deployment/replicaset, node lifecycle and taint eviction all run.
+            "--controllers", ("*," if self.garbage_collector else "*,-garbage-collector-controller,")
+                             + "-node-ipam-controller,-service-lb-controller,"
                              "-persistentvolume-binder-controller,-persistentvolume-attach-detach-controller,"
                              "-ttl-after-finished-controller,-bootstrap-signer-controller,-token-cleaner-controller",
             "--v", "1"])
@@ -246,7 +253,7 @@ class LocalKubeCluster:
     # --- what tests read ---------------------------------------------------------------------------
 
     def identity_user(self, identity: str) -> str:
-        namespace, account = IDENTITIES[identity]
+        namespace, account = self.identities[identity]
         return f"system:serviceaccount:{namespace}:{account}"
 
 

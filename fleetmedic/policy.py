@@ -533,8 +533,13 @@ class TrafficPolicy(_Strict):
     inference_selector: KeyValue = "fleetmedic.io/workload=inference"
     # Each Deployment keeps at least this share of its replicas Ready (rounded up).
     min_ready_fraction: float = Field(0.9, gt=0, le=1)
-    # Admitted Kueue Workloads at or above this priority are the training that takes the cluster.
+    # Kueue Workloads at or above this priority are the training that takes the cluster.
     training_priority: int = 1000
+    # Kueue's own decisions start the runbooks (workers/kueue_admission.py): traffic-flip when such
+    # a Workload is admitted or waits behind inference, migrate-back when the last one is gone.
+    start_from_kueue: bool = True
+    # How often that watch also looks at every Workload (a missed event, a restarted worker).
+    kueue_resync: Duration = Field(default_factory=lambda: _td(seconds=30))
     below_minimum_grace: Duration = Field(default_factory=lambda: _td(minutes=2))
     watch_duration: Duration = Field(default_factory=lambda: _td(minutes=15))
     prewarm: bool = False  # ask the provider (action prewarm) for external capacity before the flip

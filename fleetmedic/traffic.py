@@ -65,7 +65,15 @@ class TrainingWorkload(_Model):
     namespace: str
     name: str
     priority: int
-    gpus: int
+    gpus: int  # admitted: what Kueue assigned; pending: what it asks for
+    uid: str = ""
+    # False: pending, and it would fit if inference left (Kueue preempting inference for it, or
+    # inference outside Kueue holding the GPUs).
+    admitted: bool = True
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}" + ("" if self.admitted else " (pending)")
 
 
 class TrafficSnapshot(_Model):
@@ -76,7 +84,8 @@ class TrafficSnapshot(_Model):
     used_gpus: int = 0  # GPUs requested by running pods on those nodes
     deployments: list[InferenceDeployment] = Field(default_factory=list)
     pods: list[InferencePod] = Field(default_factory=list)
-    training: list[TrainingWorkload] = Field(default_factory=list)  # admitted, at or above the priority
+    # At or above the priority: admitted, or pending and it would fit without inference.
+    training: list[TrainingWorkload] = Field(default_factory=list)
 
     @property
     def free_gpus(self) -> int:
@@ -152,10 +161,10 @@ def next_batch(snapshot: TrafficSnapshot, size: int, min_fraction: float) -> Bat
 def flip_needed(snapshot: TrafficSnapshot) -> tuple[bool, str]:
     """Training admitted and what is left of the cluster cannot hold inference."""
     if not snapshot.training:
-        return False, "no admitted training at or above the priority"
+        return False, "no training at or above the priority admitted, or pending behind inference"
     left = snapshot.cluster_gpus - snapshot.training_gpus
     need = snapshot.inference_gpus
-    names = ", ".join(f"{w.namespace}/{w.name} ({w.gpus} GPUs)" for w in snapshot.training)
+    names = ", ".join(f"{w.ref} ({w.gpus} GPUs)" for w in snapshot.training)
     if left >= need:
         return False, f"training {names} leaves {left} GPUs, enough for inference's {need}"
     return True, f"training {names} leaves {left} of {snapshot.cluster_gpus} GPUs; inference needs {need}"
@@ -166,8 +175,8 @@ def home_free(snapshot: TrafficSnapshot) -> tuple[bool, str]:
     away = snapshot.on_virtual
     need = sum(p.gpus for p in away)
     if snapshot.training:
-        names = ", ".join(f"{w.namespace}/{w.name}" for w in snapshot.training)
-        return False, f"admitted training still holds the GPUs: {names}"
+        names = ", ".join(w.ref for w in snapshot.training)
+        return False, f"training still holds or wants the GPUs: {names}"
     if snapshot.free_gpus < need:
         return False, f"{snapshot.free_gpus} GPUs free in-cluster, {len(away)} pod(s) away need {need}"
     return True, f"{snapshot.free_gpus} GPUs free in-cluster for {len(away)} pod(s) away ({need} GPUs)"

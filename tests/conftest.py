@@ -23,7 +23,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from devstack import fleet
+from devstack import fleet, kueue_controller
 from devstack.kube_cluster import BUILD_HINT as KUBE_BUILD_HINT
 from devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds
 from devstack.kube_cluster import missing_binaries as missing_kube
@@ -103,6 +103,25 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKube
 
 
 @pytest.fixture(scope="session")
+def kueue_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKubeCluster]:
+    """A control plane of its own with Kueue's controller-manager running (its webhooks, its RBAC):
+    Kueue admits, preempts and finishes Workloads there. Apart from `kube_cluster`, whose Workloads
+    tests write by hand, status included, which a running Kueue would rewrite. Started by the first
+    test that needs it."""
+    missing = missing_kube() + kueue_controller.missing()
+    require(not missing, f"Kueue's controller and the control plane ({', '.join(missing)}): "
+                         f"{kueue_controller.BUILD_HINT}")
+    with kueue_controller.kueue_control_plane(tmp_path_factory.mktemp("kueue-kube")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def kueue_kube(kueue_cluster: LocalKubeCluster, tmp_path: Path) -> Iterator[RealKube]:
+    """`kube` on the Kueue control plane (no fault proxy there)."""
+    yield from judged_world(RealKube(kueue_cluster, None, tmp_path), record_rbac=True)
+
+
+@pytest.fixture(scope="session")
 def kube_proxy(kube_cluster: LocalKubeCluster) -> Iterator[FaultProxy]:
     proxy = FaultProxy(kube_cluster.port).start()
     yield proxy
@@ -115,14 +134,20 @@ def kube(kube_cluster: LocalKubeCluster, kube_proxy: FaultProxy, tmp_path: Path,
     """The real API server, emptied after each test; `kube.kubeconfig` is the worker's identity
     (RBAC as deploy/kubernetes binds it), through the fault proxy. A request of FleetMedic's that
     RBAC refused (403) fails the test that sent it; what the worker sent feeds the RBAC test."""
-    world = RealKube(kube_cluster, kube_proxy, tmp_path)
+    yield from judged_world(RealKube(kube_cluster, kube_proxy, tmp_path),
+                            record_rbac=request.node.get_closest_marker("not_worker_rbac") is None)
+
+
+def judged_world(world: RealKube, *, record_rbac: bool) -> Iterator[RealKube]:
+    """The world for one test, emptied after it; what FleetMedic's worker sent feeds the RBAC test
+    (`record_rbac`), and a request RBAC refused (403) fails the test."""
     try:
         yield world
     finally:
         sent = world.requests()
         world.reset()
-        if request.node.get_closest_marker("not_worker_rbac") is None:
-            rbac.record(r for r in sent if r.user == kube_cluster.identity_user("worker"))
+        if record_rbac:
+            rbac.record(r for r in sent if r.user == world.cluster.identity_user("worker"))
         forbidden = [f"{r.verb} {r.url.path} ({r.user})" for r in sent if r.code == 403]
         if forbidden:
             pytest.fail(f"RBAC refused FleetMedic's requests: {forbidden}")

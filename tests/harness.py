@@ -67,6 +67,9 @@ def quick_policy(tmp_path: Path, **overrides: Any) -> Policy:
         # The cordon breaker wide open: tests of other things take many nodes out at once on purpose
         # (tests/test_cordon_breaker.py sets its bounds).
         "budget": {"protective": {"max_out_fraction": 1.0, "max_per_minute": 1000}},
+        # Kueue's admission does not start traffic runbooks: the control plane's Workloads are written
+        # by hand there (tests/test_kueue_admission.py runs Kueue itself, and turns it on).
+        "traffic": {"start_from_kueue": False},
     }
     for key, value in overrides.items():
         doc[key] = {**doc.get(key, {}), **value} if isinstance(value, dict) else value

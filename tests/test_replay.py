@@ -74,6 +74,10 @@ def test_there_are_histories_to_replay() -> None:
         # ... and a replacement held again once its slurmd registered (Slinky: the slurmd pod's
         # Slurm node), the operator's drain kept under FleetMedic's DOWN and put back
         "xid-recovery-slinky-replacement-held", "xid-recovery-slinky-operator-drain-kept",
+        # ... and migrate-back's batch ended by a stop (its wait for replacements cancelled); the
+        # traffic runbooks started by Kueue's own admission (a pending Workload) and Workload end
+        "migrate-back-stopped-mid-batch", "traffic-flip-kueue-pending-training",
+        "migrate-back-kueue-training-finished",
         # 0.2.0, new runbooks: training-job failures and the suspect's trial
         "job-failures-restarted-then-trial", "job-failures-restarts-stopped", "job-failures-widespread",
         "job-failures-kubernetes-pods", "suspect-node-burn-in-passed", "suspect-node-burn-in-failed-replaced"}

@@ -378,7 +378,7 @@ async def test_nothing_to_do_is_recorded_without_touching_anything(world: World)
     async with worker_for(world.client, settings(world), world.policy()):
         flip = await asyncio.wait_for((await world.start("traffic-flip")).result(), 60)
         back = await asyncio.wait_for((await world.start("migrate-back")).result(), 60)
-    assert flip.outcome == "not-needed" and "no admitted training" in flip.decisions[-1].result
+    assert flip.outcome == "not-needed" and "no training at or above the priority" in flip.decisions[-1].result
     assert back.outcome == "nothing-to-move"
     assert [m for m in world.kube.mutations() if "/nodes/" in m.url.path] == []
 

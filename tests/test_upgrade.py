@@ -109,7 +109,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
 
 
 # Policy keys added since the previous release (a site adds them once every old worker is gone).
-NEWER_POLICY_KEYS = {"budget": ["protective"]}
+NEWER_POLICY_KEYS = {"budget": ["protective"], "traffic": ["start_from_kueue", "kueue_resync"]}
 NEWER_POLICY_SECTIONS = ("crash", "slurm")  # the job-failures runbook's, the Slurm mapping (0.2.0)
 
 

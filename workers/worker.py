@@ -51,6 +51,7 @@ from fleetmedic import ids
 from fleetmedic.models import RunContext
 from fleetmedic.policy import Policy, load_policy
 from fleetmedic.settings import Settings
+from workers.kueue_admission import KueueAdmission
 from workers.memory import CacheSize, workflow_cache
 from workers.schedules import ensure_job_failures, ensure_quota_schedule
 from workers.temporal_client import connect, ensure_search_attributes
@@ -146,6 +147,10 @@ class Activities:
         ]
         self.all = [fn for group in groups for fn in group.activities()] + self.protective
         self.node_watch = kubernetes.node_watch
+        # Kueue's admission starting traffic-flip and migrate-back, while the worker polls.
+        self.kueue_admission = (KueueAdmission(client, traffic, cluster=settings.cluster,
+                                               task_queue=settings.task_queue)
+                                if policy.traffic.start_from_kueue else None)
 
     def close(self) -> None:
         """Once the pollers have stopped: no more node watch, no more reads of the guards."""
@@ -177,10 +182,11 @@ class FleetWorker:
     need) and the fleet guards' queue."""
 
     def __init__(self, main: Worker, *others: Worker, cache: CacheSize,
-                 on_close: Callable[[], None] = lambda: None) -> None:
+                 on_close: Callable[[], None] = lambda: None, kueue_admission: KueueAdmission | None = None) -> None:
         self.workers = (*others, main)
         self.cache = cache  # the runs `main` keeps in memory, and why that many
         self.on_close = on_close
+        self.kueue_admission = kueue_admission
 
     async def __aenter__(self) -> FleetWorker:
         started: list[Worker] = []
@@ -191,9 +197,13 @@ class FleetWorker:
         except BaseException:
             await asyncio.gather(*(w.__aexit__(None, None, None) for w in started))
             raise
+        if self.kueue_admission is not None:  # once the runs it starts have a worker
+            self.kueue_admission.start()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        if self.kueue_admission is not None:
+            await self.kueue_admission.stop()
         # All finish their running activities within the same SHUTDOWN_GRACE, side by side.
         try:
             await asyncio.gather(*(w.__aexit__(*exc) for w in self.workers))
@@ -267,7 +277,8 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         others.append(Worker(client, task_queue=guard_queue(settings), workflows=[FleetGuard],
                              activities=activities.all, activity_executor=executor, max_concurrent_activities=4,
                              workflow_runner=WORKFLOW_RUNNER, graceful_shutdown_timeout=SHUTDOWN_GRACE))
-    return FleetWorker(main, *others, cache=cache, on_close=activities.close)
+    return FleetWorker(main, *others, cache=cache, on_close=activities.close,
+                       kueue_admission=activities.kueue_admission)
 
 
 # Buckets for what a person waits for: a repair takes minutes to hours, not the SDK's default

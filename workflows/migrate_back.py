@@ -1,7 +1,8 @@
 """migrate-back/<cluster>: training finished, inference comes home slowly so production never
 notices — and no money is spent on rented GPUs once home has room.
 
-1. confirm: GPUs free in-cluster for every pod away, and no admitted training to take them;
+1. confirm: GPUs free in-cluster for every pod away, and no training (admitted, or pending
+   behind inference) to take them;
 2. stop a running traffic-flip and wait for it (the two never act together);
 3. close the virtual node(s): the overflow taint back as NoSchedule — never NoExecute, which
    would evict everything at once;
@@ -11,12 +12,14 @@ notices — and no money is spent on rented GPUs once home has room.
    until the replacements are Ready in-cluster, check the SLO gate (ready replicas at or above
    the minimum; the policy's Prometheus query when it names one), then the next batch;
 5. stop at once — taint off again, pods where they are — when training takes the GPUs again or
-   traffic-flip starts; wait when paused; a failed SLO gate pauses and escalates;
+   traffic-flip starts (a batch's eviction and its wait for replacements end there too); wait when
+   paused; a failed SLO gate pauses and escalates;
 6. record: pods moved, time taken, the lowest ready/minimum ratio seen.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -39,6 +42,10 @@ with workflow.unsafe.imports_passed_through():
 
 
 HEADROOM_POLL = timedelta(seconds=2)
+# Since 0.2.0 a stop (traffic-flip starting: training wants the GPUs again) ends a batch's eviction
+# and its wait for replacements at once, and never reaches the SLO gate's escalation; 0.1.0 runs
+# finish the batch first (up to batch_timeout), then stop at the next gate (docs/upgrading.md).
+STOP_ENDS_BATCH = "stop-ends-batch-wait"
 
 
 @workflow.defn(name="migrate-back")
@@ -53,12 +60,14 @@ class MigrateBack(TrafficRunbook):
         self.lowest = float("inf")
         self.left_away: list[str] = []
         self.no_headroom_since: datetime | None = None
+        self.stop_ends_batch = False
 
     @workflow.run
     async def run(self, raw: dict[str, Any]) -> RunbookStatus:
         return await self.run_to_end(self.migrate)
 
     async def migrate(self) -> RunbookStatus:
+        self.stop_ends_batch = workflow.patched(STOP_ENDS_BATCH)  # before the policy's local activity
         snap = await self.begin()
         nodes = snap.virtual_nodes
         if not snap.on_virtual and not snap.virtual_open:
@@ -119,9 +128,9 @@ class MigrateBack(TrafficRunbook):
             report = await self.call("move a batch home", refs.TRAFFIC_EVICT, EvictPods(
                 pods=[p.ref for p in batch], deadline_s=traffic.batch_timeout.total_seconds(),
                 dry_run=self.dry_run), timeout=traffic.batch_timeout + timedelta(minutes=1),
-                heartbeat=self.evicting_heartbeat(), task_queue=self.waits_queue(), until=abort_alone)
+                heartbeat=self.evicting_heartbeat(), task_queue=self.waits_queue(), until=self.batch_until())
             if report is None:
-                continue
+                continue  # skipped, or stopped: the gate says which
             self.decide("move a batch home", ("would evict " if report.dry_run else "evicted ")
                         + ", ".join(report.evicted) + (f"; not yet: {', '.join(p.pod for p in report.failed)}"
                                                        if report.failed else ""))
@@ -135,13 +144,18 @@ class MigrateBack(TrafficRunbook):
                 in_cluster_ready=home_before + len(report.evicted), min_fraction=traffic.min_ready_fraction,
                 timeout_s=traffic.batch_timeout.total_seconds()),
                 timeout=traffic.batch_timeout + timedelta(minutes=1), heartbeat=self.wait_heartbeat(),
-                task_queue=self.waits_queue(), until=abort_alone)
+                task_queue=self.waits_queue(), until=self.batch_until())
             if home is not None:
                 self.lowest = min(self.lowest, home.min_ready_ratio)
             self.moved += len(report.evicted)
+            if self.stop_ends_batch:
+                self.check_stop()  # training is back: these pods' replacements may never find room here
             await self.slo_gate(home, report)
             if traffic.batch_pause:
                 await self.sleep(traffic.batch_pause, summary="pace between batches")
+
+    def batch_until(self) -> Callable[[], bool]:
+        return self.stopping if self.stop_ends_batch else abort_alone
 
     async def wait_for_headroom(self) -> None:
         """Every Deployment with pods away is at its minimum of ready replicas: wait for the last
@@ -182,6 +196,8 @@ class MigrateBack(TrafficRunbook):
                 self.decide("SLO gate", slo.detail or "passed")
         if not failures:
             return
+        if self.stop_ends_batch:
+            self.check_stop()  # stopping anyway: nothing for a person to decide
         self.enter("SLO gate")
         answer = await self.escalate("SLO gate", "; ".join(failures) + " — the migration is paused")
         if answer.action == "abort":

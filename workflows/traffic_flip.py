@@ -1,6 +1,7 @@
 """traffic-flip/<cluster>: training takes the cluster, inference moves out without dropping traffic.
 
-1. confirm: admitted training at or above the policy priority leaves inference short of GPUs;
+1. confirm: training at or above the policy priority (admitted, or pending where it would fit
+   without inference: Kueue is preempting for it) leaves inference short of GPUs;
 2. stop a running migrate-back and wait for it (the two never act together);
 3. optionally pre-warm external capacity through the provider, and wait for it;
 4. open the virtual-kubelet node(s): remove the overflow taint (idempotent, optimistic concurrency);

@@ -79,6 +79,13 @@ class TrafficRunbook(Runbook):
         pause (asked of the fleet guard: no lease brings it here), and the other runbook's stop."""
         self.enter(step)
         await self.hold_before_destructive(step)
+        self.check_stop()
+
+    def stopping(self) -> bool:
+        """`until` of a long step that a stop ends early (migrate-back's batch, since STOP_ENDS_BATCH)."""
+        return self.stop_request is not None
+
+    def check_stop(self) -> None:
         if self.stop_request is not None:
             raise Stopped(f"{self.stop_request.by}: {self.stop_request.reason}")
 
