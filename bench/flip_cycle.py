@@ -53,6 +53,7 @@ from devstack.dev import temporal_binary
 from devstack.kube_cluster import LocalKubeCluster
 from devstack.kube_world import RealKube
 from devstack.kueue_controller import kueue_control_plane
+from devstack.replicas import pod_ready
 from fleetmedic.converter import data_converter
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from fleetmedic.policy import parse_policy
@@ -75,7 +76,7 @@ class Sampler:
 
     def run(self) -> None:
         while not self.stop.is_set():
-            self.lowest = min(self.lowest, sum(1 for p in self.kube.list("v1", "Pod", kf.INFERENCE_NS) if kf.ready(p)))
+            self.lowest = min(self.lowest, sum(1 for p in self.kube.list("v1", "Pod", kf.INFERENCE_NS) if pod_ready(p)))
             if self.opened is None and kf.overflow(self.kube) == []:
                 self.opened = time.monotonic()
             time.sleep(0.05)
@@ -92,7 +93,7 @@ async def until(predicate: Callable[[], bool], what: str, timeout: float = 300) 
 
 
 def inference_ready(kube: RealKube, where: str, replicas: int) -> bool:
-    return len([p for p in kf.inference_on(kube, where) if kf.ready(p)]) == replicas
+    return len([p for p in kf.inference_on(kube, where) if pod_ready(p)]) == replicas
 
 
 async def cycle(kube: RealKube, job: str, replicas: int, pods: int,
@@ -104,9 +105,9 @@ async def cycle(kube: RealKube, job: str, replicas: int, pods: int,
     admitted = await until(lambda: kf.condition(kf.workload_of(kube, job), "Admitted"), "training admitted")
     on_admitted()
     free = await until(lambda: sum(1 for p in kube.list("v1", "Pod", kf.TRAINING_NS)
-                                   if (p["metadata"].get("labels") or {}).get("app") == job and kf.ready(p)) == pods,
+                                   if (p["metadata"].get("labels") or {}).get("app") == job and pod_ready(p)) == pods,
                        "every training pod Running")
-    whole = await until(lambda: sum(1 for p in kube.list("v1", "Pod", kf.INFERENCE_NS) if kf.ready(p)) == replicas,
+    whole = await until(lambda: sum(1 for p in kube.list("v1", "Pod", kf.INFERENCE_NS) if pod_ready(p)) == replicas,
                         "every inference replica Ready again")
     flipping.stop.set()
     homing = Sampler(kube)

@@ -22,6 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -266,18 +267,28 @@ def install_rbac_and_crds(cluster: LocalKubeCluster) -> None:
     and the CRDs scripts/install-kube fetched, applied as the admin; waits until the CRDs serve."""
     rendered = subprocess.run(["kubectl", "kustomize", str(REPO / "deploy/kubernetes/base")], capture_output=True,
                               text=True, timeout=60, check=True).stdout
-    rbac = [doc for doc in yaml.safe_load_all(rendered) if doc and doc.get("kind") in RBAC_KINDS]
-    documents = yaml.safe_dump_all(rbac)
+    apply_documents(cluster, [doc for doc in yaml.safe_load_all(rendered) if doc and doc.get("kind") in RBAC_KINDS])
     # ... and those written here for what cannot be fetched (Slinky's NodeSet: devstack/crds).
-    crds = sorted((cache_dir() / "crds").glob("*.yaml")) + sorted((REPO / "devstack" / "crds").glob("*.yaml"))
+    apply_crds(cluster, sorted((cache_dir() / "crds").glob("*.yaml"))
+               + sorted((REPO / "devstack" / "crds").glob("*.yaml")))
+
+
+def apply_documents(cluster: LocalKubeCluster, documents: list[dict[str, Any]]) -> None:
+    """Apply objects as the admin, server-side."""
+    subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig("admin")), "apply", "--server-side", "-f", "-"],
+                   input=yaml.safe_dump_all(documents), text=True, check=True, capture_output=True, timeout=60)
+
+
+def apply_crds(cluster: LocalKubeCluster, crds: list[Path]) -> None:
+    """Apply CRD files as the admin (server-side, so applying one again is a no-op) and wait until
+    they serve."""
+    if not crds:
+        return
     kubectl = ["kubectl", "--kubeconfig", str(cluster.kubeconfig("admin"))]
-    subprocess.run([*kubectl, "apply", "--server-side", "-f", "-"], input=documents, text=True, check=True,
-                   capture_output=True, timeout=60)
-    if crds:
-        args = [a for crd in crds for a in ("-f", str(crd))]
-        subprocess.run([*kubectl, "apply", "--server-side", *args], check=True, capture_output=True, timeout=120)
-        subprocess.run([*kubectl, "wait", "--for", "condition=Established", "--timeout", "60s", *args], check=True,
-                       capture_output=True, timeout=90)
+    args = [a for crd in crds for a in ("-f", str(crd))]
+    subprocess.run([*kubectl, "apply", "--server-side", *args], check=True, capture_output=True, timeout=120)
+    subprocess.run([*kubectl, "wait", "--for", "condition=Established", "--timeout", "60s", *args], check=True,
+                   capture_output=True, timeout=90)
 
 
 def _die_with_parent() -> None:

@@ -29,10 +29,17 @@ from typing import Any
 
 import yaml
 
-from devstack.kube_cluster import LocalKubeCluster, Process, _tail, cache_dir, install_rbac_and_crds
+from devstack.kube_cluster import (
+    LocalKubeCluster,
+    Process,
+    _tail,
+    apply_crds,
+    apply_documents,
+    cache_dir,
+    install_rbac_and_crds,
+)
 from devstack.slurm_cluster import free_port
 
-KUEUE_VERSION = "v0.17.0"  # scripts/install-kube builds this one and fetches its CRDs
 NAMESPACE = "kueue-system"
 ACCOUNT = "kueue-controller-manager"
 IDENTITY = {"kueue": (NAMESPACE, ACCOUNT)}
@@ -45,7 +52,7 @@ POD_BASED = ("--v1-pod", "-apps-v1-deployment")
 # fixed path (whatever metrics.bindAddress says) and exits without one. Metrics are off here, so any
 # valid pair will do: ours is copied there when the path has none.
 METRICS_CERTS = Path("/etc/kueue/metrics/certs")
-BUILD_HINT = "run scripts/install-kube (builds Kueue's manager from sigs.k8s.io/kueue, about 4 minutes cold)"
+BUILD_HINT = "run scripts/install-kube (builds Kueue's manager from sigs.k8s.io/kueue, about 3 minutes cold)"
 
 
 def binary() -> Path:
@@ -85,14 +92,8 @@ def start_kueue(cluster: LocalKubeCluster, timeout: float = 90) -> Process:
     port, health = free_port(), free_port()
     # All of Kueue's CRDs (its manager indexes every kind at start, MultiKueue's too), then its
     # namespace, RBAC and webhooks.
-    crds = sorted((manifests() / "crds").glob("*.yaml"))
-    kubectl = ["kubectl", "--kubeconfig", str(cluster.kubeconfig("admin"))]
-    args = [a for crd in crds for a in ("-f", str(crd))]
-    subprocess.run([*kubectl, "apply", "--server-side", "--force-conflicts", *args], check=True, capture_output=True,
-                   timeout=120)
-    subprocess.run([*kubectl, "wait", "--for", "condition=Established", "--timeout", "60s", *args], check=True,
-                   capture_output=True, timeout=90)
-    _apply(cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+    apply_crds(cluster, sorted((manifests() / "crds").glob("*.yaml")))
+    apply_documents(cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
                      *_rbac(), *_webhooks(port, ca)])
     config = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration", "namespace": NAMESPACE,
@@ -180,12 +181,6 @@ def _webhooks(port: int, ca: bytes) -> list[dict[str, Any]]:
         doc["webhooks"] = kept
         documents.append(doc)
     return documents
-
-
-def _apply(cluster: LocalKubeCluster, documents: list[dict[str, Any]]) -> None:
-    subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig("admin")), "apply", "--server-side",
-                    "--force-conflicts", "-f", "-"], input=yaml.safe_dump_all(documents), text=True, check=True,
-                   capture_output=True, timeout=60)
 
 
 def _wait_serving(cluster: LocalKubeCluster, process: Process, timeout: float) -> None:

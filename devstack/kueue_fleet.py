@@ -95,11 +95,6 @@ def training_job(name: str, pods: int, gpus_per_pod: int, backoff_limit: int = 0
 
 # --- what tests and the benchmark read -------------------------------------------------------------
 
-def ready(pod: dict[str, Any]) -> bool:
-    return not pod["metadata"].get("deletionTimestamp") and any(
-        c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions") or [])
-
-
 def inference_on(kube: RealKube, where: str) -> list[dict[str, Any]]:
     """Inference pods (not terminating) on the virtual node (`virtual`) or on the h100 nodes (`home`)."""
     pods = [p for p in kube.list("v1", "Pod", INFERENCE_NS) if not p["metadata"].get("deletionTimestamp")]

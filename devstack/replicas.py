@@ -38,3 +38,9 @@ def virtual_node(name: str = "virtual-gpu", gpus: int = 1000, *, overflow_closed
                        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                        "lastHeartbeatTime": "2026-01-01T00:00:00Z",
                                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """Ready and not on its way out: a replica that serves."""
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions") or [])

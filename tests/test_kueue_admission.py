@@ -23,6 +23,7 @@ from temporalio.service import RPCError
 from activities.kueue import training_workloads
 from devstack import kueue_fleet as kf
 from devstack.kube_world import RealKube
+from devstack.replicas import pod_ready
 from devstack.slurm_cluster import LocalSlurmCluster
 from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.ids import cluster_workflow_id
@@ -49,7 +50,7 @@ class Sampler:
     stop: threading.Event = field(default_factory=threading.Event)
 
     def ready(self) -> int:
-        return sum(1 for p in self.kube.list("v1", "Pod", kf.INFERENCE_NS) if kf.ready(p))
+        return sum(1 for p in self.kube.list("v1", "Pod", kf.INFERENCE_NS) if pod_ready(p))
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -79,7 +80,7 @@ class KueueWorld:
 
     async def inference_at_home(self) -> None:
         self.kube.put(kf.inference(REPLICAS))
-        await self.until(lambda: len([p for p in self.inference_on("home") if kf.ready(p)]) == REPLICAS,
+        await self.until(lambda: len([p for p in self.inference_on("home") if pod_ready(p)]) == REPLICAS,
                          "inference admitted by Kueue and Ready at home")
 
     def settings(self) -> Settings:
@@ -148,7 +149,7 @@ async def test_kueue_admits_training_by_preempting_inference_the_flip_and_migrat
         flipped = await asyncio.wait_for(flip.result(), 90)
         await world.until(lambda: world.condition(world.workload_of("pretrain"), "Admitted"),
                           "Kueue admits the training Job")
-        await world.until(lambda: len([p for p in world.inference_on("virtual") if kf.ready(p)]) == 2,
+        await world.until(lambda: len([p for p in world.inference_on("virtual") if pod_ready(p)]) == 2,
                           "the 2 preempted inference pods Ready on the virtual node")
         assert world.overflow() == []
         await save_history(flip, "traffic-flip-kueue-pending-training")
@@ -166,7 +167,7 @@ async def test_kueue_admits_training_by_preempting_inference_the_flip_and_migrat
     assert migrated.outcome == "migrated", migrated.decisions
     assert world.overflow() == ["NoSchedule"]
     assert world.inference_on("virtual") == []
-    assert len([p for p in world.inference_on("home") if kf.ready(p)]) == REPLICAS
+    assert len([p for p in world.inference_on("home") if pod_ready(p)]) == REPLICAS
     assert sampler.min_ready >= MINIMUM, sampler.min_ready
 
     # Kueue preempted the inference pods; FleetMedic evicted only pods on the virtual node.
@@ -182,7 +183,7 @@ async def flipped_with_two_away(world: KueueWorld, job: str) -> WorkflowHandle[A
     world.kube.put(kf.training_job(job, TRAINING_PODS, TRAINING_GPUS))
     flip = await world.run_of("traffic-flip")
     assert (await asyncio.wait_for(flip.result(), 90)).outcome == "flipped"
-    await world.until(lambda: len([p for p in world.inference_on("virtual") if kf.ready(p)]) == 2,
+    await world.until(lambda: len([p for p in world.inference_on("virtual") if pod_ready(p)]) == 2,
                       "the 2 preempted inference pods Ready on the virtual node")
     return flip
 
@@ -245,7 +246,7 @@ async def test_a_node_taken_out_under_admitted_training_lowers_the_quota_kueue_a
     # Evicted pods come back (backoffLimit): the Workload stays admitted through the node's loss.
     kueue_kube.put(kf.training_job("pretrain", 4, 2, backoff_limit=20))
     await world.until(lambda: world.condition(world.workload_of("pretrain"), "Admitted"), "pretrain admitted")
-    await world.until(lambda: len([p for p in kueue_kube.list("v1", "Pod", kf.TRAINING_NS) if kf.ready(p)]) == 4,
+    await world.until(lambda: len([p for p in kueue_kube.list("v1", "Pod", kf.TRAINING_NS) if pod_ready(p)]) == 4,
                       "pretrain's pods running")
     under = next(p["spec"]["nodeName"] for p in kueue_kube.list("v1", "Pod", kf.TRAINING_NS))
     policy = stack.policy(kueue={"enabled": True, "max_change_fraction": 1.0})
@@ -298,7 +299,7 @@ async def test_what_kueue_decided_while_no_worker_ran_is_acted_on_at_the_next_st
     settings = world.settings()
     async with worker_for(world.client, settings, policy(world)):
         flipped = await asyncio.wait_for((await world.run_of("traffic-flip")).result(), 90)
-        await world.until(lambda: len([p for p in world.inference_on("virtual") if kf.ready(p)]) == 2,
+        await world.until(lambda: len([p for p in world.inference_on("virtual") if pod_ready(p)]) == 2,
                           "the 2 preempted inference pods Ready on the virtual node")
     world.finish("pretrain")
     await world.until(lambda: world.condition(world.workload_of("pretrain"), "Finished"), "pretrain finished")

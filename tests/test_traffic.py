@@ -20,7 +20,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 
 from devstack import fleet
 from devstack.kube_world import RealKube
-from devstack.replicas import deployment, virtual_node
+from devstack.replicas import deployment, pod_ready, virtual_node
 from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.ids import cluster_workflow_id, guard_workflow_id
 from fleetmedic.models import EscalationAnswer, GuardState, Operator, RunbookStatus
@@ -32,12 +32,6 @@ from tests.runbook_stack import save_history, status_when
 
 REPLICAS, MINIMUM = 40, 36  # min_ready_fraction 0.9
 HOME_NODES = [f"gpu-{i}" for i in range(5)]  # 5 × 8 GPUs: exactly inference's 40
-
-
-def pod_ready(pod: dict[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return not pod["metadata"].get("deletionTimestamp") and any(
-        c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 @dataclass

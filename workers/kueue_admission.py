@@ -60,8 +60,6 @@ class KueueAdmission:
         self.flipped_for: set[str] | None = None
         self.home_wanted = False
         self.migrating: asyncio.Task[None] | None = None
-        self.started: list[str] = []  # "runbook: why", for the log and the tests' failure messages
-        self.last_error = ""
         self._stopped = threading.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -86,9 +84,7 @@ class KueueAdmission:
             wake.clear()
             try:
                 await self.look()
-                self.last_error = ""
             except Exception as exc:  # the API or Temporal unreachable: said, and tried again
-                self.last_error = str(exc)[:300]
                 log.warning("Kueue admission for %s: %s; looking again within %.0f s", self.cluster, exc, resync)
             try:
                 await asyncio.wait_for(wake.wait(), resync)
@@ -164,7 +160,6 @@ class KueueAdmission:
             task_timeout=RUNBOOK_TASK_TIMEOUT, search_attributes=start_attributes(runbook, self.cluster),
             summary=run_summary(runbook, self.cluster, why=why),
             details=run_details(workflow_id, runbook, self.cluster, started_by=why))
-        self.started.append(f"{runbook}: {why}")
         log.info("%s (run %s) started or attached: %s", workflow_id, handle.result_run_id, why)
         return handle
 
