@@ -51,6 +51,7 @@ from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.world import cpu_seconds
 from devstack import fleet
 from devstack.controllers import provider_controller
 from devstack.dev import temporal_binary
@@ -136,6 +137,7 @@ async def main(nodes: int, failing: int, replace_s: float, max_per_hour: int,
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
             audit_before = len(world.requests(("worker",)))
+            worker_cpu = cpu_seconds(worker.pid)
             started, first_alert = time.monotonic(), datetime.now(UTC)
             with provider_controller(world, provider, delay_s=replace_s):
                 transport = httpx.ASGITransport(app=receiver.app())
@@ -166,6 +168,7 @@ async def main(nodes: int, failing: int, replace_s: float, max_per_hour: int,
                     guard = await env.client.get_workflow_handle(f"fleet-guard/{CLUSTER}").query(
                         "state", result_type=GuardState)
             healed_s = time.monotonic() - started
+            worker_cpu = cpu_seconds(worker.pid) - worker_cpu
             stop.set()
             sampler.join(2)
             healthy = out_of_service(core)[0] == 0
@@ -197,6 +200,9 @@ async def main(nodes: int, failing: int, replace_s: float, max_per_hour: int,
         "cordoned_within_breaker": peak["cordoned"] <= bound + budget.max_concurrent,
         "max_out_of_service_from_api": peak["out"],
         "worker_rss_peak_mib": peak["rss"], "seed_nodes_s": round(seeded_s, 1),
+        # Everything the worker did for the alerts (their runs and the fleet guard), per alert: for
+        # failures, a whole remediation each (lease, drain, replacement, return to service).
+        "worker_cpu_s_per_run": round(worker_cpu / failing, 3),
     }
     if false_storm:
         breaker = guard.breaker

@@ -14,9 +14,10 @@ the downward API gives it, and keeps as many runs in memory as that holds (worke
 Last, from every run's history (bench/histories.py): the tasks that timed out, and how long the
 worker held the workflow tasks it finished.
 
-    python bench/worker_scale.py [--runs 5000] [--hold 300] [--wait-heartbeat 2m] [--worker-memory 1Gi]
+    python bench/worker_scale.py [--temporal dev|production|both] [--runs 5000] [--hold 300]
+                                 [--wait-heartbeat 2m] [--worker-memory 1Gi]
 
-Prints one JSON object.
+Prints one JSON object, a section per server (`--temporal production`: bench/world.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.histories import timed_out_tasks
-from bench.world import CLUSTER, BenchWorld, cpu_seconds, peak_rss_mib, start_xid_runs
+from bench.world import CLUSTER, SERVERS, BenchWorld, cpu_seconds, peak_rss_mib, servers, start_xid_runs
 
 WAITING = f'FleetCluster = "{CLUSTER}" AND FleetStep = "wait for node Ready"'
 CLOSED = f'FleetCluster = "{CLUSTER}" AND ExecutionStatus != "Running"'
@@ -43,7 +44,15 @@ CLOSED = f'FleetCluster = "{CLUSTER}" AND ExecutionStatus != "Running"'
 HEARTBEAT = "RecordActivityTaskHeartbeat"
 
 
-async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str, worker_memory: str) -> dict[str, Any]:
+async def main(temporal: str, runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
+               worker_memory: str) -> dict[str, Any]:
+    return {"benchmark": "worker_scale", "kubernetes": "real control plane", "runs": runs,
+            "temporal": {server: await on(server, runs, deadline_s, hold_s, wait_heartbeat, worker_memory)
+                         for server in servers(temporal)}}
+
+
+async def on(server: str, runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
+             worker_memory: str) -> dict[str, Any]:
     nodes = [f"gpu-{i}" for i in range(runs)]
     # Every run admitted, the cordon breaker's included: this measures the worker, not the budget.
     policy = {"budget": {"max_concurrent": 100000, "max_unavailable_fraction": 1.0, "max_per_hour": 1000000,
@@ -53,8 +62,8 @@ async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
     # 5,000 kwok nodes renewing 40 s leases are 500 API writes a second, which on two cores starved
     # everything else (after 40 min not one run had got there): a 20-minute lease is ~4 a second.
     async with BenchWorld(nodes, workdir, policy, webhook=False, node_lease_s=1200,
-                          worker_env={"FLEETMEDIC_WORKER_MEMORY": worker_memory}) as world:
-        worker_cpu, server_cpu = cpu_seconds(world.worker_pid()), cpu_seconds(world.temporal.pid)
+                          worker_env={"FLEETMEDIC_WORKER_MEMORY": worker_memory}, temporal=server) as world:
+        worker_cpu, server_cpu = cpu_seconds(world.worker_pid()), world.temporal_cpu()
         began = time.monotonic()
         await start_xid_runs(world.client, nodes, 200)
         waiting = 0
@@ -65,16 +74,16 @@ async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
             await asyncio.sleep(5)
         ramp_s = time.monotonic() - began
         worker_cpu = cpu_seconds(world.worker_pid()) - worker_cpu
-        server_cpu = cpu_seconds(world.temporal.pid) - server_cpu
+        server_cpu = world.temporal_cpu() - server_cpu
         # The waits alone once every run is there (all_there): nothing else moves, the replacements
         # take longer than the benchmark. Otherwise the ramp goes on during the hold.
         beats, hold_began = world.server_requests(HEARTBEAT), time.monotonic()
-        hold_worker_cpu, hold_server_cpu = cpu_seconds(world.worker_pid()), cpu_seconds(world.temporal.pid)
+        hold_worker_cpu, hold_server_cpu = cpu_seconds(world.worker_pid()), world.temporal_cpu()
         await asyncio.sleep(hold_s)
         held = time.monotonic() - hold_began
         beats = world.server_requests(HEARTBEAT) - beats
         hold_worker_cpu = cpu_seconds(world.worker_pid()) - hold_worker_cpu
-        hold_server_cpu = cpu_seconds(world.temporal.pid) - hold_server_cpu
+        hold_server_cpu = world.temporal_cpu() - hold_server_cpu
         rss = peak_rss_mib(world.worker_pid())
         closed = (await world.client.count_workflows(CLOSED)).count
         log = world.worker.log.read_text(errors="replace")
@@ -82,7 +91,6 @@ async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
     pool_warnings = log.count("Connection pool is full")
     kept = re.search(r"keeps up to (\d+) runs in memory", log)
     return {
-        "benchmark": "worker_scale", "kubernetes": "real control plane", "runs": runs,
         "waiting_for_replacement": waiting, "all_there": waiting >= runs, "closed": closed,
         "client_pool_warnings": pool_warnings, "tracebacks_in_worker_log": log.count("Traceback"),
         # Of them, attempts refused by a guard too busy to take the request (retried, one line each).
@@ -102,11 +110,13 @@ async def main(runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--temporal", choices=(*SERVERS, "both"), default="both",
+                        help="the Temporal server(s) to run on, one after the other")
     parser.add_argument("--runs", type=int, default=5000)
     parser.add_argument("--deadline", type=float, default=3600, help="seconds to wait for every run to get there")
     parser.add_argument("--hold", type=float, default=300, help="seconds to measure the waits alone after that")
     parser.add_argument("--wait-heartbeat", default="2m", help="the policy's retries.wait_heartbeat")
     parser.add_argument("--worker-memory", default="1Gi", help="the worker's memory limit (FLEETMEDIC_WORKER_MEMORY)")
     options = parser.parse_args()
-    print(json.dumps(asyncio.run(main(options.runs, options.deadline, options.hold, options.wait_heartbeat,
-                                      options.worker_memory))))
+    print(json.dumps(asyncio.run(main(options.temporal, options.runs, options.deadline, options.hold,
+                                      options.wait_heartbeat, options.worker_memory))))

@@ -1,5 +1,7 @@
-"""The world the latency and scale benchmarks run in, with FleetMedic as it is deployed: the
-Temporal dev server (in memory), the real Kubernetes control plane (scripts/install-kube),
+"""The world the latency and scale benchmarks run in, with FleetMedic as it is deployed: a Temporal
+server — the dev server (in memory), or a production one (`--temporal production`:
+temporal-server from go.temporal.io/server on PostgreSQL, commits synced to disk, as
+devstack/temporal_production.py sets it up) — the real Kubernetes control plane (scripts/install-kube),
 Debian's slurmctld — its nodes without slurmd, a fleet's worth of them —, the provider stand-in,
 and `fleetmedic worker` and `fleetmedic webhook` as processes of their own. What an operator sees
 is read from the outside: a watch on the nodes and slurmctld's own log."""
@@ -33,8 +35,11 @@ from devstack.kube_world import RealKube
 from devstack.processes import FleetMedicProcess
 from devstack.slurm_cluster import LocalSlurmCluster, free_port
 from devstack.standins import ProviderStandIn
+from devstack.temporal_production import ProductionTemporal
+from devstack.temporal_production import missing as missing_production
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import NodeRunbookInput
+from workers.temporal_client import connect, ensure_search_attributes
 
 CLUSTER = "bench"
 QUEUE = "bench"
@@ -120,6 +125,32 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and of every descendant, live or exited: PostgreSQL serves each
+    connection from a process of its own."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            # utime, stime, and the waited-for children's cutime, cstime
+            total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+            todo += children.get(current, [])
+    return total
+
+
+SERVERS = ("dev", "production")
+
+
+def servers(choice: str) -> list[str]:
+    """`--temporal dev|production|both`: the servers a benchmark runs on, one after the other."""
+    return list(SERVERS) if choice == "both" else [choice]
+
+
 def peak_rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -132,9 +163,13 @@ class BenchWorld:
     API and in Slurm; on exit every process this started is stopped by its PID."""
 
     def __init__(self, nodes: list[str], workdir: Path, policy: dict[str, Any], *, webhook: bool = True,
-                 worker_env: dict[str, str] | None = None, node_lease_s: int = 40) -> None:
+                 worker_env: dict[str, str] | None = None, node_lease_s: int = 40, temporal: str = "dev") -> None:
         if missing_binaries():
             raise SystemExit(json.dumps({"error": "the real control plane is not built: run scripts/install-kube"}))
+        if temporal == "production" and (gone := missing_production()):
+            raise SystemExit(json.dumps({"error": f"the production Temporal server is not built ({', '.join(gone)}): "
+                                                  "run scripts/install-temporal"}))
+        self.temporal_kind = temporal
         self.nodes, self.workdir, self.policy = nodes, workdir, policy
         self.with_webhook, self.worker_env = webhook, worker_env or {}
         self.node_lease_s = node_lease_s  # kwok's (devstack/kube_cluster.py): thousands of nodes lengthen it
@@ -143,11 +178,7 @@ class BenchWorld:
 
     async def __aenter__(self) -> BenchWorld:
         try:
-            options = DevOptions(state_dir=self.workdir / "temporal", port=free_port(), ui_port=free_port())
-            self.temporal = start_temporal(options, persist=False)
-            self.stack.callback(stop_temporal, self.temporal)
-            self.address = f"127.0.0.1:{options.port}"
-            self.client: Client = await connect_when_serving(self.address)
+            await self._start_temporal()
             cluster = self.stack.enter_context(LocalKubeCluster(self.workdir / "kube", node_lease_s=self.node_lease_s))
             install_rbac_and_crds(cluster)
             self.kube = RealKube(cluster, None, self.workdir)
@@ -160,7 +191,8 @@ class BenchWorld:
                       "storage": {"root": str(self.workdir)}, "routing": {"clusters": [CLUSTER]}, **self.policy}
             (self.workdir / "policy.yaml").write_text(yaml.safe_dump(policy))
             port = free_port()
-            env = {**os.environ, "TEMPORAL_ADDRESS": self.address, "FLEETMEDIC_TASK_QUEUE": QUEUE,
+            env = {**os.environ, "TEMPORAL_ADDRESS": self.address, "TEMPORAL_NAMESPACE": self.client.namespace,
+                   "FLEETMEDIC_TASK_QUEUE": QUEUE,
                    "FLEETMEDIC_POLICY": str(self.workdir / "policy.yaml"), "KUBECONFIG": str(self.kube.kubeconfig),
                    "FLEETMEDIC_SLURM": "on", "SLURM_CONF": str(self.slurm.conf), "FLEETMEDIC_PROVIDER_TOKEN": "bench",
                    "FLEETMEDIC_METRICS_PORT": "0", "FLEETMEDIC_WEBHOOK_TOKEN": TOKEN, **self.worker_env}
@@ -182,6 +214,37 @@ class BenchWorld:
             await self.__aexit__(None, None, None)
             raise
 
+    async def _start_temporal(self) -> None:
+        if self.temporal_kind == "production":
+            self.production = self.stack.enter_context(ProductionTemporal(self.workdir / "temporal"))
+            self.address = self.production.address
+            self.client: Client = await connect(target_host=self.address, namespace=self.production.namespace)
+            await ensure_search_attributes(self.client)  # as the worker does at start
+            return
+        options = DevOptions(state_dir=self.workdir / "temporal", port=free_port(), ui_port=free_port())
+        self.temporal = start_temporal(options, persist=False)
+        self.stack.callback(stop_temporal, self.temporal)
+        self.address = f"127.0.0.1:{options.port}"
+        self.client = await connect_when_serving(self.address)
+
+    def metrics_url(self) -> str:
+        """The Temporal server's Prometheus endpoint: the production server's configured one, or the
+        address the dev server's banner gives."""
+        if self.temporal_kind == "production":
+            return f"http://127.0.0.1:{self.production.metrics_port}/metrics"
+        banner = (self.workdir / "temporal" / "temporal.log").read_text(errors="replace")
+        found = re.search(r"Temporal Metrics:\s+(\S+)", banner)
+        if found is None:
+            raise SystemExit(json.dumps({"error": "the Temporal dev server printed no metrics address"}))
+        return found[1]
+
+    def temporal_cpu(self) -> float:
+        """CPU seconds so far of the Temporal server: the dev server's process, or temporal-server
+        and PostgreSQL (every backend process) together."""
+        if self.temporal_kind == "production":
+            return sum(tree_cpu_seconds(proc.popen.pid) for proc in self.production.processes)
+        return cpu_seconds(self.temporal.pid)
+
     async def _webhook_up(self) -> None:
         for _ in range(600):
             with contextlib.suppress(httpx.TransportError):
@@ -200,12 +263,8 @@ class BenchWorld:
 
     def server_requests(self, operation: str) -> float:
         """How many `operation` calls (e.g. RecordActivityTaskHeartbeat) the Temporal server's
-        frontend has served so far: its own metrics, at the address its banner gives."""
-        banner = (self.workdir / "temporal" / "temporal.log").read_text(errors="replace")
-        found = re.search(r"Temporal Metrics:\s+(\S+)", banner)
-        if found is None:
-            raise SystemExit(json.dumps({"error": "the Temporal dev server printed no metrics address"}))
-        families = text_string_to_metric_families(httpx.get(found[1], timeout=30).text)
+        frontend has served so far: its own metrics."""
+        families = text_string_to_metric_families(httpx.get(self.metrics_url(), timeout=30).text)
         return sum(sample.value for family in families if family.name == "service_requests"
                    for sample in family.samples
                    if sample.labels.get("operation") == operation and sample.labels.get("service_name") == "frontend")

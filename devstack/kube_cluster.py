@@ -15,8 +15,11 @@ a deleted pod goes away when its grace period (deletionTimestamp) has passed, as
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import secrets
+import signal
 import subprocess
 import tempfile
 import time
@@ -66,6 +69,29 @@ class Process:
     log: Path
 
 
+def spawn(workdir: Path, name: str, argv: list[str], *, user: str | None = None, cwd: Path | None = None) -> Process:
+    """A server of the test world, its output in `workdir/<name>.log`, in a session of its own and
+    ended with its parent; as `user` where given (a server that refuses to run as root)."""
+    log = workdir / f"{name}.log"
+    popen = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=cwd or workdir,
+                             start_new_session=True, preexec_fn=_die_with_parent, user=user)
+    return Process(name, popen, log)
+
+
+def stop_processes(processes: list[Process], grace_s: float) -> None:
+    """Stop what we started, by PID, newest first: SIGTERM, then SIGKILL past `grace_s`."""
+    for proc in reversed(processes):
+        if proc.popen.poll() is None:
+            proc.popen.terminate()
+    for proc in reversed(processes):
+        try:
+            proc.popen.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            proc.popen.wait(5)
+    processes.clear()
+
+
 class LocalKubeCluster:
     """The control plane and kwok, once per test session (or per `fleetmedic dev`)."""
 
@@ -108,17 +134,7 @@ class LocalKubeCluster:
         return self
 
     def stop(self) -> None:
-        """Stop what we started, by PID, newest first."""
-        for proc in reversed(self.processes):
-            if proc.popen.poll() is None:
-                proc.popen.terminate()
-        for proc in reversed(self.processes):
-            try:
-                proc.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait(5)
-        self.processes.clear()
+        stop_processes(self.processes, grace_s=10)
 
     def __enter__(self) -> LocalKubeCluster:
         return self.start()
@@ -127,10 +143,7 @@ class LocalKubeCluster:
         self.stop()
 
     def _spawn(self, name: str, argv: list[str]) -> Process:
-        log = self.workdir / f"{name}.log"
-        popen = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=self.workdir,
-                                 start_new_session=True, preexec_fn=_die_with_parent)
-        proc = Process(name, popen, log)
+        proc = spawn(self.workdir, name, argv)
         self.processes.append(proc)
         return proc
 
@@ -291,16 +304,18 @@ def apply_crds(cluster: LocalKubeCluster, crds: list[Path]) -> None:
                    capture_output=True, timeout=90)
 
 
+try:  # loaded in the parent: a child started as another user may not be able to read Python's modules
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:
+    _LIBC = None
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the process that started it dies (a test run killed
     by a timeout must not leave an apiserver behind). Linux's PR_SET_PDEATHSIG; elsewhere nothing."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
+    if _LIBC is not None:
+        with contextlib.suppress(AttributeError):
+            _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
 def _tail(path: Path, lines: int = 15) -> str:

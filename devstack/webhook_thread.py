@@ -20,8 +20,10 @@ class WebhookThread:
     """`fleetmedic webhook` served by uvicorn on a loopback port, on its own loop in a thread (with
     its own Temporal client), so that a real Alertmanager can post to it."""
 
-    def __init__(self, address: str, task_queue: str, token: str, routing: Any = None) -> None:
+    def __init__(self, address: str, task_queue: str, token: str, routing: Any = None,
+                 namespace: str = "default") -> None:
         self.address, self.task_queue, self.token, self.routing = address, task_queue, token, routing
+        self.namespace = namespace
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._loop = asyncio.new_event_loop()
@@ -29,7 +31,7 @@ class WebhookThread:
         self._server: Any = None
 
     async def _start(self) -> None:
-        client = await connect(target_host=self.address, lazy=True)
+        client = await connect(target_host=self.address, namespace=self.namespace, lazy=True)
         # Tests and benchmarks name their cluster after their task queue: that is the one served.
         routing = self.routing or RoutingPolicy(clusters=[self.task_queue])
         receiver = AlertReceiver(client, routing, self.task_queue, self.token,

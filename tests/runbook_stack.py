@@ -132,7 +132,7 @@ def fleetmedic_cli(client: Client, task_queue: str, cluster: str, *args: str) ->
     cluster."""
     env = {"PATH": "/usr/bin:/bin", "FLEETMEDIC_TASK_QUEUE": task_queue, "FLEETMEDIC_CLUSTER": cluster}
     return subprocess.run([sys.executable, "-m", "workers.cli", *args, "--address",
-                           client.service_client.config.target_host], env=env,
+                           client.service_client.config.target_host, "--namespace", client.namespace], env=env,
                           capture_output=True, text=True, timeout=120)
 
 

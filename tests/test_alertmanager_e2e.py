@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 from temporalio.client import Client
 
@@ -102,11 +103,12 @@ async def eventually(check, timeout: float = 20):  # type: ignore[no-untyped-def
             await asyncio.sleep(0.2)
 
 
+@pytest.mark.temporal_production
 async def test_alert_through_alertmanager_starts_the_runbook_and_its_resolution_follows(
         client: Client, task_queue: str, tmp_path: Path) -> None:
     address = client.service_client.config.target_host
     workflow_id = f"xid-recovery/{task_queue}/gpu-node-5"
-    with WebhookThread(address, task_queue, TOKEN) as webhook:
+    with WebhookThread(address, task_queue, TOKEN, namespace=client.namespace) as webhook:
         proc, am_url = start_alertmanager(tmp_path, webhook.url)
         try:
             post_alert(am_url, "gpu-node-5", task_queue)

@@ -50,6 +50,7 @@ def kill_when(condition: Callable[[], bool], worker: FleetMedicProcess, fired: t
     return thread
 
 
+@pytest.mark.temporal_production
 @pytest.mark.parametrize("moment", [
     "slurm down", "cordoned", "first pod evicted", "provider asked", "node ready again", "uncordoned",
     "slurm resumed", "event recorded",
@@ -76,6 +77,7 @@ async def test_worker_killed_after_each_side_effect(moment: str, client: Client,
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(yaml.safe_dump(policy.serving(task_queue).model_dump(mode="json", by_alias=True)))
     env = {**os.environ, "TEMPORAL_ADDRESS": client.service_client.config.target_host,
+           "TEMPORAL_NAMESPACE": client.namespace,
            "FLEETMEDIC_TASK_QUEUE": task_queue, "FLEETMEDIC_POLICY": str(policy_file),
            "KUBECONFIG": str(kube.kubeconfig), "FLEETMEDIC_KUBE_TIMEOUT": "2",  # type: ignore[attr-defined]
            "FLEETMEDIC_SLURM": "on", "SLURM_CONF": str(slurm.conf), "FLEETMEDIC_SLURM_TIMEOUT": "4",

@@ -111,6 +111,25 @@ def test_values_choose_cluster_providers_policy_agent_and_the_prometheus_operato
     assert "fleetmedic-webhook.gpu-ops.svc" in yaml.safe_dump(route)
 
 
+def test_mtls_to_temporal_mounts_the_secret_and_sets_the_sdks_variables() -> None:
+    """`temporal.tlsSecret`: the worker and the webhook get the client certificate, its key and the
+    server's CA from the Secret, named by the variables the SDK's environment configuration reads;
+    without it neither has a TLS variable or volume (the defaults render the kustomize base)."""
+    objects = template("temporal.tlsSecret=temporal-client", "temporal.tlsServerName=frontend.temporal")
+    for name in ("fleetmedic-worker", "fleetmedic-webhook"):
+        pod = find(objects, "Deployment", name)["spec"]["template"]["spec"]
+        [container] = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["TEMPORAL_TLS"] == "true" and env["TEMPORAL_TLS_SERVER_NAME"] == "frontend.temporal"
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "temporal-tls")
+        for key in ("CLIENT_CERT", "CLIENT_KEY", "SERVER_CA_CERT"):
+            assert env[f"TEMPORAL_TLS_{key}_PATH"].startswith(mount["mountPath"] + "/")
+        assert {"name": "temporal-tls", "secret": {"secretName": "temporal-client"}} in pod["volumes"]
+    plain = find(template(), "Deployment", "fleetmedic-worker")["spec"]["template"]["spec"]
+    assert not [e for e in plain["containers"][0]["env"] if e["name"].startswith("TEMPORAL_TLS")]
+    assert "temporal-tls" not in {v["name"] for v in plain["volumes"]}
+
+
 def test_rendered_objects_are_valid_and_the_api_server_accepts_them(kube_cluster: LocalKubeCluster,
                                                                      tmp_path: Path) -> None:
     objects = template("prometheusOperator.enabled=true", namespace="fleetmedic-helm")

@@ -11,6 +11,7 @@ from typing import Any
 
 from temporalio.client import WorkflowHandle
 
+from activities.breaker import GuardView
 from activities.start import start_or_attach
 from fleetmedic.ids import guard_workflow_id, node_workflow_id
 from fleetmedic.models import GuardState, Operator, RunbookStatus
@@ -28,10 +29,19 @@ async def test_a_paused_fleet_takes_nothing_out_and_kills_nothing_until_it_resum
     policy = stack.policy()
     job = stack.slurm.submit(CHECKPOINTING_JOB.format(root=policy.storage.root))
     node = job_on(stack.slurm, job)
-    # An operator froze the fleet: no lease, no cordon, no destructive step anywhere.
-    guard = await start_or_attach(stack.client, "fleet-guard", GuardState(cluster=stack.cluster),
-                                  workflow_id=guard_workflow_id(stack.cluster), task_queue=stack.task_queue,
-                                  signal="pause", signal_args=[Operator(by="dana", reason="change freeze")])
+    # An operator froze the fleet: no lease, no cordon, no destructive step anywhere. The freeze is
+    # in force once the guard has recorded it in its memo, where every worker reads it (a worker
+    # runs the guard meanwhile: the run's own worker would race its first step against it).
+    settings = settings_for(stack.task_queue, stack.kube, slurm=stack.slurm, slack=stack.slack, provider=stack.provider)
+    async with worker_for(stack.client, settings, policy):
+        guard = await start_or_attach(stack.client, "fleet-guard", GuardState(cluster=stack.cluster),
+                                      workflow_id=guard_workflow_id(stack.cluster), task_queue=stack.task_queue,
+                                      signal="pause", signal_args=[Operator(by="dana", reason="change freeze")])
+        async def recorded() -> None:
+            while GuardView.from_memo(await (await guard.describe()).memo()).paused is None:
+                await asyncio.sleep(0.1)
+
+        await asyncio.wait_for(recorded(), 30)
 
     async def while_paused(handle: WorkflowHandle[Any, RunbookStatus]) -> None:
         status = await status_when(handle, lambda s: s.step == "take disruption lease"

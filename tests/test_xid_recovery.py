@@ -24,6 +24,7 @@ from tests.runbook_stack import Stack, status_when
 from workers.audit import local_activity, render_markdown, timeline
 
 
+@pytest.mark.temporal_production
 async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None:
     policy = stack.policy()
     job = stack.slurm.submit(CHECKPOINTING_JOB.format(root=policy.storage.root))

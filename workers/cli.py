@@ -44,7 +44,7 @@ from fleetmedic.quota import QuotaSyncInput
 from fleetmedic.settings import Settings, SettingsError
 from fleetmedic.traffic import TrafficInput
 from fleetmedic.trust import UntrustedValue, checked_node, cluster_name_error, visibility_literal
-from workers.temporal_client import TemporalUnreachable
+from workers.temporal_client import SearchAttributesMissing, TemporalUnreachable
 
 # `run --wait` exits 3 with these: the run ended without doing what it was started for.
 UNSUCCESSFUL = frozenset({"aborted", "rejected", "quarantined", "stopped", "invalid-input", "unknown-node"})
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     except RPCError as exc:
         print(f"fleetmedic: Temporal: {exc.message}", file=sys.stderr)
         return 1
-    except TemporalUnreachable as exc:
+    except (TemporalUnreachable, SearchAttributesMissing) as exc:
         print(f"fleetmedic {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -46,7 +46,8 @@ from fleetmedic.policy import Policy, RoutingPolicy
 from fleetmedic.routing import Ignored, Refused, Routed, route
 from fleetmedic.settings import Settings, SettingsError
 from workers.job_ends import JobEndReceiver
-from workers.temporal_client import TemporalUnavailable, connect
+from workers.resends import ResendMemo
+from workers.temporal_client import TemporalUnavailable, connect, missing_search_attribute
 
 log = logging.getLogger(__name__)
 MAX_BODY = 1024 * 1024  # Alertmanager batches are small; a megabyte is a misbehaving sender
@@ -93,6 +94,7 @@ class AlertReceiver:
         self.metrics = Metrics(frozenset(r.alertname for r in routing.routes))
         self.metrics.insecure.set(1 if token is None else 0)
         self.job_ends = JobEndReceiver(self)
+        self.resends = ResendMemo()  # exact copies answered here, without a Temporal write (workers/resends.py)
 
     # --- HTTP -----------------------------------------------------------------------------------
 
@@ -194,17 +196,31 @@ class AlertReceiver:
             return self._answer(alert, decision.runbook, None, "ignored", decision.reason, decision.code)
         if isinstance(decision, Refused):
             return self._answer(alert, decision.runbook, None, "refused", decision.reason, decision.code)
+        copy = self.resends.key(decision.workflow_id, alert, decision.route.reopen)
+        if copy is not None and (age := self.resends.age(copy)) is not None:
+            return self._answer(alert, decision.runbook, decision.workflow_id, "ignored",
+                                f"an exact resend (fingerprint, startsAt, status) of an alert this webhook answered "
+                                f"{age:.0f} s ago: its run has it, nothing written", "resend")
         try:
             if alert.status == "resolved":
-                return await self._resolve(alert, decision)
-            return await self._fire(alert, decision)
+                answer = await self._resolve(alert, decision)
+            else:
+                answer = await self._fire(alert, decision)
         except RPCError as exc:
+            if (missing := missing_search_attribute(exc)) is not None:
+                # Temporal's setup, not the alert (its labels never name a search attribute): a
+                # namespace without FleetMedic's attributes, or one whose frontend has not seen them
+                # yet (its namespace cache refreshes every few seconds). 503: Alertmanager retries.
+                raise TemporalUnavailable(missing) from exc
             if exc.status == RPCStatusCode.INVALID_ARGUMENT:
                 # Temporal refuses this alert's start (an ID or input it does not take): the rest of
                 # the batch goes on, and the answer says why.
                 return self._answer(alert, decision.runbook, decision.workflow_id, "refused",
                                     f"Temporal refused it: {exc.message[:200]}", "temporal_invalid_argument")
             raise TemporalUnavailable.from_rpc(exc) from exc
+        if copy is not None:
+            self.resends.remember(copy)
+        return answer
 
     async def _fire(self, alert: Alert, decision: Routed) -> AlertAnswer:
         # One round trip for a new incident (no run under this ID, or one running): a closed run is

@@ -54,7 +54,7 @@ from fleetmedic.settings import Settings
 from workers.kueue_admission import KueueAdmission
 from workers.memory import CacheSize, workflow_cache
 from workers.schedules import ensure_job_failures, ensure_quota_schedule
-from workers.temporal_client import connect, ensure_search_attributes
+from workers.temporal_client import SearchAttributesMissing, connect, ensure_search_attributes
 from workflows.fleet_guard import FleetGuard
 from workflows.registry import WORKFLOWS
 
@@ -319,6 +319,8 @@ async def _serve(settings: Settings, policy: Policy, stop: asyncio.Event) -> Non
     client = await connect(runtime=runtime)
     try:
         await ensure_search_attributes(client)
+    except SearchAttributesMissing:
+        raise  # every runbook's start names them: a worker without them could run nothing (one line, exit 1)
     except Exception:
         log.warning("continuing without registering search attributes; runbooks that upsert them will fail")
     await ensure_quota_schedule(client, settings, policy)

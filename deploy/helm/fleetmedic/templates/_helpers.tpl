@@ -29,6 +29,33 @@ app.kubernetes.io/component: {{ .component }}
   valueFrom: {secretKeyRef: {name: {{ .name }}, key: {{ .key }}, optional: true}}
 {{- end }}
 
+{{/* mTLS to Temporal when .Values.temporal.tlsSecret names a Secret: the SDK's environment
+configuration (the temporal CLI's variables), the files from the Secret's volume. */}}
+{{- define "fleetmedic.temporalTlsEnv" -}}
+{{- with .Values.temporal.tlsSecret }}
+- {name: TEMPORAL_TLS, value: "true"}
+- {name: TEMPORAL_TLS_CLIENT_CERT_PATH, value: /etc/temporal-tls/tls.crt}
+- {name: TEMPORAL_TLS_CLIENT_KEY_PATH, value: /etc/temporal-tls/tls.key}
+- {name: TEMPORAL_TLS_SERVER_CA_CERT_PATH, value: /etc/temporal-tls/ca.crt}
+{{- end }}
+{{- with .Values.temporal.tlsServerName }}
+- {name: TEMPORAL_TLS_SERVER_NAME, value: {{ . | quote }}}
+{{- end }}
+{{- end }}
+
+{{- define "fleetmedic.temporalTlsMount" -}}
+{{- if .Values.temporal.tlsSecret }}
+- {name: temporal-tls, mountPath: /etc/temporal-tls, readOnly: true}
+{{- end }}
+{{- end }}
+
+{{- define "fleetmedic.temporalTlsVolume" -}}
+{{- with .Values.temporal.tlsSecret }}
+- name: temporal-tls
+  secret: {secretName: {{ . }}}
+{{- end }}
+{{- end }}
+
 {{- define "fleetmedic.restricted" -}}
 allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true

@@ -1,0 +1,163 @@
+"""The floors the benchmarks report FleetMedic against: trivial workflows on the same server, in the
+same run, run by a worker polling as FleetMedic's does (workers/worker.py), started the way the
+case being compared starts its runs. A ratio to one of these is what FleetMedic itself costs.
+
+- `latencies`: one-activity workflows, one after another or all at once: start request → the
+  activity ran (its side effect, as the node's cordon is FleetMedic's);
+- `in_flight`: as many trivial runs kept open as FleetMedic has in flight (each waits for a signal,
+  as each FleetMedic run waits for its replacement), while `latencies` measures new ones;
+- `starts_per_s`: N one-activity workflows started at once from one client;
+- `signal_with_start_per_s`: a storm's alerts sent as raw signal-with-start calls from one client,
+  each to a trivial run per node that takes signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+from temporalio import activity, workflow
+from temporalio.client import Client
+from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
+
+from workers.worker import SHARED_QUEUE_POLLS, WORKFLOW_POLLS
+
+QUEUE = "bench-floor"
+DONE: dict[str, float] = {}
+
+
+@activity.defn(name="bench.touch")
+def touch(key: str) -> None:
+    DONE[key] = time.time()
+
+
+@workflow.defn(name="bench-floor", sandboxed=False)  # no sandbox: benchmarks import the world
+class Floor:
+    @workflow.run
+    async def run(self, key: str) -> None:
+        await workflow.execute_activity("bench.touch", key, start_to_close_timeout=timedelta(seconds=10))
+
+
+@workflow.defn(name="bench-floor-open", sandboxed=False)
+class OpenRun:
+    """A trivial run that stays open until told, as a FleetMedic run waits for its replacement; with
+    a key, it first runs one activity (so that a caller can tell when it has got to its wait)."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.signals = 0
+
+    @workflow.run
+    async def run(self, key: str = "") -> int:
+        if key:
+            await workflow.execute_activity("bench.touch", key, start_to_close_timeout=timedelta(seconds=60))
+        await workflow.wait_condition(lambda: self.done)
+        return self.signals
+
+    @workflow.signal
+    def alert(self, _: Any) -> None:
+        self.signals += 1
+
+    @workflow.signal
+    def finish(self) -> None:
+        self.done = True
+
+
+@contextlib.asynccontextmanager
+async def floor_worker(client: Client) -> AsyncIterator[Worker]:
+    """The floor's worker, in this process, polling as FleetMedic's worker does."""
+    with ThreadPoolExecutor(8) as pool:
+        async with Worker(client, task_queue=QUEUE, workflows=[Floor, OpenRun], activities=[touch],
+                          activity_executor=pool, max_concurrent_activities=8,
+                          workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(WORKFLOW_POLLS),
+                          nonsticky_to_sticky_poll_ratio=SHARED_QUEUE_POLLS,
+                          activity_task_poller_behavior=PollerBehaviorSimpleMaximum(8)) as worker:
+            yield worker
+
+
+async def _one(client: Client, i: int) -> float:
+    key = f"floor-{i}-{time.time_ns()}"
+    began = time.time()
+    await client.start_workflow("bench-floor", key, id=key, task_queue=QUEUE)
+    while key not in DONE:
+        await asyncio.sleep(0.002)
+    return DONE[key] - began
+
+
+async def latencies(client: Client, runs: int, at_once: bool = False) -> list[float]:
+    """Latencies of `runs` one-activity workflows, one after another or all started together."""
+    async with floor_worker(client):
+        if at_once:
+            return list(await asyncio.gather(*(_one(client, i) for i in range(runs))))
+        return [await _one(client, i) for i in range(runs)]
+
+
+async def in_flight(client: Client, open_runs: int, runs: int) -> dict[str, Any]:
+    """`runs` one-activity workflows started together while `open_runs` trivial runs are in flight
+    (each got to its wait: its activity ran, as FleetMedic's runs are waiting for their replacement
+    when its case is measured); the open ones are finished afterwards (they leave the server as they
+    found it)."""
+    ids = [f"floor-open-{i}-{time.time_ns()}" for i in range(open_runs)]
+    async with floor_worker(client):
+        began = time.monotonic()
+        for start in range(0, open_runs, 100):
+            await asyncio.gather(*(client.start_workflow("bench-floor-open", i, id=i, task_queue=QUEUE)
+                                   for i in ids[start:start + 100]))
+        while not all(i in DONE for i in ids):
+            await asyncio.sleep(0.1)
+        ramp_s = time.monotonic() - began
+        measured = list(await asyncio.gather(*(_one(client, i) for i in range(runs))))
+        for start in range(0, open_runs, 100):
+            await asyncio.gather(*(client.get_workflow_handle(i).signal("finish") for i in ids[start:start + 100]))
+    return {"latencies": measured, "ramp_s": round(ramp_s, 1)}
+
+
+async def starts_per_s(client: Client, count: int) -> float:
+    """`count` one-activity workflows started at once from one client, a worker running them: the
+    rate of the start calls, as the burst's is of its 202s."""
+    async with floor_worker(client):
+        began = time.monotonic()
+        keys = [f"floor-burst-{n}-{time.time_ns()}" for n in range(count)]
+        await asyncio.gather(*(client.start_workflow("bench-floor", k, id=k, task_queue=QUEUE) for k in keys))
+        rate = count / (time.monotonic() - began)
+        while not all(k in DONE for k in keys):  # let them finish before the worker goes
+            await asyncio.sleep(0.05)
+    return round(rate, 1)
+
+
+async def signal_with_start_per_s(client: Client, batches: Sequence[Sequence[str]], senders: int) -> dict[str, Any]:
+    """Each batch's alerts (a node name per alert) as signal-with-start calls of that node's trivial
+    run, batches taken by `senders` concurrent senders as the storm's HTTP senders take them; the
+    rate of alerts, and how many runs and signals the server holds afterwards."""
+    prefix = f"floor-storm-{time.time_ns()}"
+    queue: asyncio.Queue[Sequence[str]] = asyncio.Queue()
+    for batch in batches:
+        queue.put_nowait(batch)
+    sent = 0
+
+    async def sender() -> None:
+        nonlocal sent
+        while not queue.empty():
+            batch = queue.get_nowait()
+            await asyncio.gather(*(client.start_workflow("bench-floor-open", id=f"{prefix}-{node}", task_queue=QUEUE,
+                                                         start_signal="alert", start_signal_args=[node])
+                                   for node in batch))
+            sent += len(batch)
+
+    async with floor_worker(client):
+        began = time.monotonic()
+        await asyncio.gather(*(sender() for _ in range(senders)))
+        wall = time.monotonic() - began
+        nodes = sorted({node for batch in batches for node in batch})
+        signals = 0
+        for node in nodes:
+            handle = client.get_workflow_handle(f"{prefix}-{node}")
+            await handle.signal("finish")
+            signals += await handle.result()
+    return {"alerts": sent, "alerts_per_s": round(sent / wall, 1), "runs": len(nodes), "signals": signals,
+            "wall_s": round(wall, 1)}
