@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import floor
 from bench.stats import percentile
-from bench.world import SERVERS, TOKEN, BenchWorld, cpu_seconds, servers
+from bench.world import SERVERS, TOKEN, BenchWorld, cpu_seconds, on_each
 
 TARGET_RATIO = 0.8  # DESIGN.md: a storm's and a burst's rates at least 0.8x their floors
 
@@ -231,7 +231,7 @@ async def on(server: str, alerts: int, nodes: int, senders: int, burst_nodes: in
 
 
 async def main(temporal: str, alerts: int, nodes: int, senders: int, burst_nodes: int) -> dict[str, object]:
-    results = {server: await on(server, alerts, nodes, senders, burst_nodes) for server in servers(temporal)}
+    results = await on_each(temporal, lambda server: on(server, alerts, nodes, senders, burst_nodes))
     return {"benchmark": "alert_storm", "kubernetes": "real control plane", "processes": "webhook and worker apart",
             "temporal": results}
 

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.histories import timed_out_tasks
-from bench.world import CLUSTER, SERVERS, BenchWorld, cpu_seconds, peak_rss_mib, servers, start_xid_runs
+from bench.world import CLUSTER, SERVERS, BenchWorld, count, cpu_seconds, on_each, peak_rss_mib, start_xid_runs
 
 WAITING = f'FleetCluster = "{CLUSTER}" AND FleetStep = "wait for node Ready"'
 CLOSED = f'FleetCluster = "{CLUSTER}" AND ExecutionStatus != "Running"'
@@ -47,8 +47,8 @@ HEARTBEAT = "RecordActivityTaskHeartbeat"
 async def main(temporal: str, runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
                worker_memory: str) -> dict[str, Any]:
     return {"benchmark": "worker_scale", "kubernetes": "real control plane", "runs": runs,
-            "temporal": {server: await on(server, runs, deadline_s, hold_s, wait_heartbeat, worker_memory)
-                         for server in servers(temporal)}}
+            "temporal": await on_each(temporal, lambda server: on(server, runs, deadline_s, hold_s, wait_heartbeat,
+                                                                   worker_memory))}
 
 
 async def on(server: str, runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
@@ -68,7 +68,7 @@ async def on(server: str, runs: int, deadline_s: float, hold_s: float, wait_hear
         await start_xid_runs(world.client, nodes, 200)
         waiting = 0
         while time.monotonic() - began < deadline_s:
-            waiting = (await world.client.count_workflows(WAITING)).count
+            waiting = await count(world.client, WAITING)
             if waiting >= runs:
                 break
             await asyncio.sleep(5)
@@ -85,7 +85,7 @@ async def on(server: str, runs: int, deadline_s: float, hold_s: float, wait_hear
         hold_worker_cpu = cpu_seconds(world.worker_pid()) - hold_worker_cpu
         hold_server_cpu = world.temporal_cpu() - hold_server_cpu
         rss = peak_rss_mib(world.worker_pid())
-        closed = (await world.client.count_workflows(CLOSED)).count
+        closed = await count(world.client, CLOSED)
         log = world.worker.log.read_text(errors="replace")
         tasks = await timed_out_tasks(world.client, f'FleetCluster = "{CLUSTER}"')
     pool_warnings = log.count("Connection pool is full")

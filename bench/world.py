@@ -13,8 +13,10 @@ import contextlib
 import json
 import os
 import re
+import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +28,7 @@ from kubernetes import client as k8s_client
 from kubernetes import watch
 from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.start import RUNBOOK_TASK_TIMEOUT
 from devstack import fleet
@@ -149,6 +152,31 @@ SERVERS = ("dev", "production")
 def servers(choice: str) -> list[str]:
     """`--temporal dev|production|both`: the servers a benchmark runs on, one after the other."""
     return list(SERVERS) if choice == "both" else [choice]
+
+
+async def on_each(choice: str, run: Callable[[str], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """Each server's section; a server whose run failed says why instead of losing the others'."""
+    results: dict[str, Any] = {}
+    for server in servers(choice):
+        try:
+            results[server] = await run(server)
+        except Exception as exc:
+            results[server] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        print(json.dumps({server: results[server]}), file=sys.stderr, flush=True)
+    return results
+
+
+async def count(client: Client, query: str) -> int:
+    """A visibility count for the benchmark's own polling: a production server limits visibility
+    calls per namespace (`frontend.namespaceRPS.visibility`, 10/s per frontend by default) and
+    FleetMedic's runs share that budget, so a refusal waits and asks again."""
+    while True:
+        try:
+            return (await client.count_workflows(query)).count
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.RESOURCE_EXHAUSTED:
+                raise
+            await asyncio.sleep(1)
 
 
 def peak_rss_mib(pid: int) -> float:

@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import floor
 from bench.histories import timed_out_tasks
 from bench.stats import percentile
-from bench.world import CLUSTER, SERVERS, BenchWorld, cpu_seconds, servers, start_xid_runs
+from bench.world import CLUSTER, SERVERS, BenchWorld, count, cpu_seconds, on_each, start_xid_runs
 from fleetmedic.ids import node_workflow_id
 from workers.audit import local_activity
 
@@ -191,7 +191,7 @@ async def settled(client: Client, nodes: list[str], timeout_s: float = 120) -> N
     names = ", ".join(f'"{n}"' for n in nodes)
     query = f'FleetNode IN ({names}) AND {WAITING}'
     deadline = time.monotonic() + timeout_s
-    while (await client.count_workflows(query)).count < len(nodes):
+    while await count(client, query) < len(nodes):
         if time.monotonic() > deadline:
             raise SystemExit(json.dumps({"error": f"the runs for {len(nodes)} node(s) did not all reach "
                                                   f"'wait for node Ready' within {timeout_s:g} s"}))
@@ -205,16 +205,16 @@ async def quietly(world: BenchWorld, node: str) -> float:
     return latency
 
 
-async def in_flight(client: Client, count: int, nodes: list[str]) -> float:
-    """Start `count` runs (directly, untimed) and wait until they all wait for their replacement."""
+async def in_flight(client: Client, runs: int, nodes: list[str]) -> float:
+    """Start `runs` runs (directly, untimed) and wait until they all wait for their replacement."""
     # The runs of the rounds before wait there too: count these on top of them.
     query = f'FleetCluster = "{CLUSTER}" AND {WAITING}'
-    already = (await client.count_workflows(query)).count
+    already = await count(client, query)
     began = time.monotonic()
-    await start_xid_runs(client, nodes[:count], 100)
-    while (await client.count_workflows(query)).count < already + count:
+    await start_xid_runs(client, nodes[:runs], 100)
+    while await count(client, query) < already + runs:
         if time.monotonic() - began > 1800:
-            raise SystemExit(json.dumps({"error": f"{count} runs did not all reach 'wait for node Ready' in 30 min"}))
+            raise SystemExit(json.dumps({"error": f"{runs} runs did not all reach 'wait for node Ready' in 30 min"}))
         await asyncio.sleep(2)
     return time.monotonic() - began
 
@@ -273,7 +273,7 @@ async def on(server: str, sequential: int, concurrent: int, flying: int, node_le
 
 
 async def main(temporal: str, sequential: int, concurrent: int, flying: int, node_lease_s: int = 40) -> dict[str, Any]:
-    results = {server: await on(server, sequential, concurrent, flying, node_lease_s) for server in servers(temporal)}
+    results = await on_each(temporal, lambda server: on(server, sequential, concurrent, flying, node_lease_s))
     return {
         "benchmark": "xid_latency", "kubernetes": "real control plane", "kwok_node_lease_s": node_lease_s,
         "what": "HTTP POST of the alert -> node unschedulable in the API and DRAIN/DOWN in slurmctld's log",
