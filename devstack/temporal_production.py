@@ -218,7 +218,11 @@ class ProductionTemporal:
                                         "--allow-no-auth", "start"])
 
     async def _ready(self, timeout: float) -> None:
-        """The namespace registered with its retention and answering on the frontend."""
+        await self.register_namespace(self.namespace, timeout)
+
+    async def register_namespace(self, namespace: str, timeout: float = 60) -> None:
+        """Register `namespace` with the retention through the frontend's API and return once the
+        frontend serves it (a namespace just registered is unknown until the cache refreshes)."""
         from google.protobuf.duration_pb2 import Duration
         from temporalio.api.workflowservice.v1 import ListWorkflowExecutionsRequest, RegisterNamespaceRequest
         from temporalio.client import Client
@@ -232,15 +236,15 @@ class ProductionTemporal:
             self._check_alive()
             try:
                 if client is None:
-                    client = await Client.connect(self.address, namespace=self.namespace)
+                    client = await Client.connect(self.address, namespace=namespace)
                 if not registered:
                     retention = Duration()
                     retention.FromTimedelta(RETENTION)
                     await client.workflow_service.register_namespace(RegisterNamespaceRequest(
-                        namespace=self.namespace, workflow_execution_retention_period=retention))
+                        namespace=namespace, workflow_execution_retention_period=retention))
                     registered = True
                 await client.workflow_service.list_workflow_executions(
-                    ListWorkflowExecutionsRequest(namespace=self.namespace, page_size=1))
+                    ListWorkflowExecutionsRequest(namespace=namespace, page_size=1))
                 return
             except RPCError as exc:
                 if exc.status == RPCStatusCode.ALREADY_EXISTS:
@@ -249,7 +253,7 @@ class ProductionTemporal:
             except RuntimeError as exc:  # not listening yet
                 last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             await asyncio.sleep(0.5)
-        raise RuntimeError(f"Temporal at {self.address} did not serve namespace {self.namespace} in "
+        raise RuntimeError(f"Temporal at {self.address} did not serve namespace {namespace} in "
                            f"{timeout:.0f} s (last: {last}): {_tail(self.server_log)}")
 
     # --- processes --------------------------------------------------------------------------------

@@ -14,9 +14,7 @@ import json
 from typing import Any
 
 import pytest
-from google.protobuf.duration_pb2 import Duration
-from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.worker import Replayer
 
@@ -68,12 +66,8 @@ async def test_a_new_namespace_gets_its_search_attributes_from_the_worker_usable
     start after it names them all and is not refused (on this server the frontend learns of new
     attributes at its next namespace-cache refresh, about 2 s later)."""
     namespace = f"site-{task_queue}"
-    admin = await connect(target_host=production_temporal.address, namespace=namespace)
-    retention = Duration()
-    retention.FromSeconds(86400)
-    await admin.workflow_service.register_namespace(RegisterNamespaceRequest(
-        namespace=namespace, workflow_execution_retention_period=retention))
-    client = await _when_served(production_temporal, namespace)
+    await production_temporal.register_namespace(namespace)
+    client = await connect(target_host=production_temporal.address, namespace=namespace)
     added = await ensure_search_attributes(client)
     assert added == sorted(key.name for key in SEARCH_ATTRIBUTES)
     everything = TypedSearchAttributes([SearchAttributePair(key, _sample(key)) for key in SEARCH_ATTRIBUTES])
@@ -81,18 +75,6 @@ async def test_a_new_namespace_gets_its_search_attributes_from_the_worker_usable
                                          search_attributes=everything)
     await handle.terminate("test over")
     assert await ensure_search_attributes(client) == []  # a second worker adds nothing
-
-
-async def _when_served(server: ProductionTemporal, namespace: str) -> Client:
-    """A namespace just registered is unknown to the frontend until its namespace cache refreshes."""
-    client = await connect(target_host=server.address, namespace=namespace)
-    for _ in range(100):
-        try:
-            await client.count_workflows()
-            return client
-        except Exception:
-            await asyncio.sleep(0.2)
-    raise AssertionError(f"namespace {namespace} not served after 20 s")
 
 
 def _sample(key: Any) -> Any:
