@@ -1,9 +1,12 @@
 """Kubernetes: nodes, pods, evictions, taints, Events and the custom resources runbooks touch.
 
 Blocking calls through the official `kubernetes` client, so these activities are plain
-functions run on the worker's thread pool. Every call carries `_request_timeout`; every write
-is idempotent (it reads first and does nothing when the node is already as asked) and guarded
-by the object's resourceVersion, so a concurrent writer costs us a retry, never its change.
+functions run on the worker's thread pool. Nodes and the opted-out pods are read and written as
+the API's JSON (`JsonNode`): the client's model classes cost a millisecond or more an object, and
+every runbook reads its node at its protective step and at each gate. Every call carries
+`_request_timeout`; every write is idempotent (it reads first and does nothing when the node is
+already as asked) and guarded by the object's resourceVersion, so a concurrent writer costs us a
+retry, never its change.
 """
 
 from __future__ import annotations
@@ -97,6 +100,18 @@ def _ready(node: client.V1Node) -> tuple[bool, datetime | None]:
     return False, None
 
 
+# A Node as the API server's JSON.
+JsonNode = dict[str, Any]
+
+
+def _annotations(node: JsonNode) -> dict[str, str]:
+    return (node.get("metadata") or {}).get("annotations") or {}
+
+
+def _unschedulable(node: JsonNode) -> bool:
+    return bool((node.get("spec") or {}).get("unschedulable"))
+
+
 def node_info(node: client.V1Node, gpu_resource: str) -> NodeInfo:
     meta, spec = node.metadata, node.spec
     allocatable = (node.status.allocatable if node.status else None) or {}
@@ -156,7 +171,7 @@ class KubernetesActivities:
         self.policy = policy
         self.timeout = timeout_s
         self.force_dry_run = force_dry_run
-        self.shared_opt_outs: SharedReads[None, list[client.V1Pod]] = SharedReads(
+        self.shared_opt_outs: SharedReads[None, list[dict[str, Any]]] = SharedReads(
             lambda _: {None: self._opted_out_pods()})
         self.node_watch = NodeWatch(lambda: self.core, lambda n: node_info(n, policy.labels.gpu_resource),
                                     lambda n: node_info_from_json(n, policy.labels.gpu_resource), timeout_s)
@@ -187,11 +202,13 @@ class KubernetesActivities:
 
     # --- reads -------------------------------------------------------------------------------
 
-    def read_node(self, name: str) -> client.V1Node:
+    def read_node(self, name: str) -> JsonNode:
         with api_errors(f"get node {name}"):
-            return self.core.read_node(name, _request_timeout=self.timeout)
+            response = self.core.read_node(name, _preload_content=False, _request_timeout=self.timeout)
+        node: JsonNode = json.loads(response.data)
+        return node
 
-    def find_node(self, name: str) -> client.V1Node | None:
+    def find_node(self, name: str) -> JsonNode | None:
         """The node, or None when it does not exist (any other failure is raised)."""
         try:
             return self.read_node(name)
@@ -209,7 +226,7 @@ class KubernetesActivities:
     def get_node(self, name: str) -> NodeInfo | None:
         """The node, or None when it does not exist (the runbook ends `unknown-node`)."""
         node = self.find_node(name)
-        return node_info(node, self.policy.labels.gpu_resource) if node is not None else None
+        return node_info_from_json(node, self.policy.labels.gpu_resource) if node is not None else None
 
     def raw_list(self, what: str, call: Callable[..., Any], **kwargs: Any) -> list[dict[str, Any]]:
         """A list call as plain JSON: the client's model objects cost milliseconds per object, and a
@@ -244,28 +261,27 @@ class KubernetesActivities:
         """The opt-out label on the node or on any pod running on it stops destructive steps."""
         return self.look(node)[1]
 
-    def look(self, node: str) -> tuple[client.V1Node | None, OptOut]:
+    def look(self, node: str) -> tuple[JsonNode | None, OptOut]:
         """The node and its opt-out (its label, or a label of a pod running on it), read now."""
         key, value = self.policy.labels.opt_out_pair
         reasons = []
         found = self.find_node(node)
         if found is None:
             return None, OptOut(opted_out=False, missing=True, reasons=[f"node {node} does not exist"])
-        labels = found.metadata.labels or {}
-        if labels.get(key) == value:
+        if ((found.get("metadata") or {}).get("labels") or {}).get(key) == value:
             reasons.append(f"node {node} has {key}={value}")
         for pod in self.shared_opt_outs.get(None) or []:
-            if pod.spec and pod.spec.node_name == node:
-                reasons.append(f"pod {pod.metadata.namespace}/{pod.metadata.name} has {key}={value}")
+            if (pod.get("spec") or {}).get("nodeName") == node:
+                meta = pod.get("metadata") or {}
+                reasons.append(f"pod {meta.get('namespace')}/{meta.get('name')} has {key}={value}")
         return found, OptOut(opted_out=bool(reasons), reasons=reasons)
 
-    def _opted_out_pods(self) -> list[client.V1Pod]:
+    def _opted_out_pods(self) -> list[dict[str, Any]]:
         """Every pod carrying the opt-out label, in one list: the opted-out pods are few, where a
         list per node returns every pod on it. Runs asking at once share it (activities/shared_reads.py)."""
         key, value = self.policy.labels.opt_out_pair
-        with api_errors("list opted-out pods"):
-            return list(self.core.list_pod_for_all_namespaces(
-                label_selector=f"{key}={value}", _request_timeout=self.timeout).items)
+        return self.raw_list("list opted-out pods", self.core.list_pod_for_all_namespaces,
+                             label_selector=f"{key}={value}")
 
     @activity.defn(name="k8s.wait_node_ready")
     async def wait_node_ready(self, request: WaitNodeReady) -> NodeInfo | None:
@@ -289,36 +305,38 @@ class KubernetesActivities:
     def _patch_node(self, name: str, resource_version: str, patch: dict[str, Any]) -> None:
         patch.setdefault("metadata", {})["resourceVersion"] = resource_version
         with api_errors(f"patch node {name}"):
-            self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _request_timeout=self.timeout)
+            # The answer is not read: the next step reads the node afresh.
+            self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False,
+                                 _request_timeout=self.timeout)
 
-    def _update_node(self, name: str, change: Callable[[client.V1Node], dict[str, Any] | None],
-                     current: client.V1Node | None = None) -> bool:
+    def _update_node(self, name: str, change: Callable[[JsonNode], dict[str, Any] | None],
+                     current: JsonNode | None = None) -> bool:
         """Read-modify-write with the resourceVersion; re-read and retry on 409. False: no-op.
         `current`: the node as just read (the protective step's read): the first try writes on it."""
-        first: list[client.V1Node] = [current] if current is not None else []
+        first: list[JsonNode] = [current] if current is not None else []
 
         def attempt() -> bool:
             node = first.pop() if first else self.read_node(name)  # a 409 reads it again
             patch = change(node)
             if patch is None:
                 return False
-            self._patch_node(name, node.metadata.resource_version, patch)
+            self._patch_node(name, (node.get("metadata") or {}).get("resourceVersion", ""), patch)
             return True
 
         return reread_on_conflict(f"node {name}", attempt)
 
-    def _holder(self, node: client.V1Node, target: NodeTarget) -> str | None:
+    def _holder(self, node: JsonNode, target: NodeTarget) -> str | None:
         """The workflow holding the node (our annotation); another run's hold is not ours to change."""
-        owner = (node.metadata.annotations or {}).get(self.policy.labels.workflow_annotation)
+        owner = _annotations(node).get(self.policy.labels.workflow_annotation)
         if owner and owner != target.workflow_id:
             raise fail(ErrorKind.NOT_OWNED, f"node {target.node} is held by workflow {owner}, not us")
         return owner
 
-    def _remediation(self, node: client.V1Node) -> dict[str, str]:
+    def _remediation(self, node: JsonNode) -> dict[str, str]:
         """This run's remediation added to the node's record, which the lemon rule reads (a cordon or
         taint that takes the node out is one remediation; a retried write is the same entry)."""
         key = self.policy.labels.remediations_annotation
-        value = with_remediation((node.metadata.annotations or {}).get(key), datetime.now(UTC),
+        value = with_remediation(_annotations(node).get(key), datetime.now(UTC),
                                  activity.info().workflow_run_id or "", self.policy.lemon.keep)
         return {key: value} if value is not None else {}
 
@@ -326,18 +344,18 @@ class KubernetesActivities:
     def cordon_node(self, target: NodeTarget) -> ActionResult:
         return self.cordon(target)
 
-    def cordon(self, target: NodeTarget, current: client.V1Node | None = None) -> ActionResult:
+    def cordon(self, target: NodeTarget, current: JsonNode | None = None) -> ActionResult:
         """Cordon the node for `target`'s run; `current`: the node as just read, if it was."""
         workflow_key = self.policy.labels.workflow_annotation
         reason_key = self.policy.labels.reason_annotation
 
-        def change(node: client.V1Node) -> dict[str, Any] | None:
+        def change(node: JsonNode) -> dict[str, Any] | None:
             owner = self._holder(node, target)
             record = self._remediation(node) if target.remediation else {}
-            if node.spec and node.spec.unschedulable and owner == target.workflow_id and not record:
+            if _unschedulable(node) and owner == target.workflow_id and not record:
                 return None
             new = {workflow_key: target.workflow_id, reason_key: target.reason, **record}
-            if node.spec and node.spec.unschedulable and not owner:
+            if _unschedulable(node) and not owner:
                 new[PRE_CORDONED] = "true"  # someone else's cordon: keep it when we are done
             return {"spec": {"unschedulable": True}, "metadata": {"annotations": new}}
 
@@ -348,8 +366,8 @@ class KubernetesActivities:
         workflow_key = self.policy.labels.workflow_annotation
         reason_key = self.policy.labels.reason_annotation
 
-        def change(node: client.V1Node) -> dict[str, Any] | None:
-            annotations = node.metadata.annotations or {}
+        def change(node: JsonNode) -> dict[str, Any] | None:
+            annotations = _annotations(node)
             owner = self._holder(node, target)
             if not owner:
                 return None  # not ours (or already returned): leave it as it is
@@ -370,8 +388,8 @@ class KubernetesActivities:
             return ActionResult(system="kubernetes", action="annotate", target=f"node {target.node}", changed=False,
                                 dry_run=self._dry(target.dry_run), detail="the node no longer exists")
 
-        def change(node: client.V1Node) -> dict[str, Any] | None:
-            if (node.metadata.annotations or {}).get(reason_key) == target.reason and node.spec.unschedulable:
+        def change(node: JsonNode) -> dict[str, Any] | None:
+            if _annotations(node).get(reason_key) == target.reason and _unschedulable(node):
                 return None
             return {"spec": {"unschedulable": True}, "metadata": {"annotations": {reason_key: target.reason}}}
 
@@ -388,7 +406,7 @@ class KubernetesActivities:
         if node is None:
             return done.model_copy(update={"detail": "already gone (the provider deleted it)"})
         self._holder(node, target)
-        if _ready(node)[0]:
+        if node_info_from_json(node, self.policy.labels.gpu_resource).ready:
             self.annotate_quarantine(target)
             return done.model_copy(update={"changed": not done.dry_run,
                                            "detail": f"still Ready: left cordoned ({target.reason})"})
@@ -397,14 +415,15 @@ class KubernetesActivities:
         with api_errors(f"delete node {target.node}"):
             try:
                 self.core.delete_node(target.node, body=client.V1DeleteOptions(
-                    preconditions=client.V1Preconditions(uid=node.metadata.uid)), _request_timeout=self.timeout)
+                    preconditions=client.V1Preconditions(uid=(node.get("metadata") or {}).get("uid"))),
+                    _request_timeout=self.timeout)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
         return done.model_copy(update={"changed": True, "detail": "deleted the Node object (NotReady)"})
 
-    def _node_action(self, verb: str, target: NodeTarget, change: Callable[[client.V1Node], dict[str, Any] | None],
-                     current: client.V1Node | None = None) -> ActionResult:
+    def _node_action(self, verb: str, target: NodeTarget, change: Callable[[JsonNode], dict[str, Any] | None],
+                     current: JsonNode | None = None) -> ActionResult:
         if self._dry(target.dry_run):
             would_change = change(current or self.read_node(target.node)) is not None
             return ActionResult(system="kubernetes", action=verb, target=f"node {target.node}",
@@ -414,22 +433,22 @@ class KubernetesActivities:
         return ActionResult(system="kubernetes", action=verb, target=f"node {target.node}", changed=changed,
                             detail=target.reason)
 
-    def _taint_action(self, request: TaintRequest, add: bool, current: client.V1Node | None = None) -> ActionResult:
+    def _taint_action(self, request: TaintRequest, add: bool, current: JsonNode | None = None) -> ActionResult:
         taint = request.taint
         workflow_key = self.policy.labels.workflow_annotation
         reason_key = self.policy.labels.reason_annotation
 
-        def change(node: client.V1Node) -> dict[str, Any] | None:
+        def change(node: JsonNode) -> dict[str, Any] | None:
             patch: dict[str, Any] = {}
             if request.workflow_id:
                 owner = self._holder(node, NodeTarget(node=request.node, workflow_id=request.workflow_id))
                 if add and not owner:
                     patch["metadata"] = {"annotations": {workflow_key: request.workflow_id,
                                                          reason_key: request.reason, **self._remediation(node)}}
-                elif not add and owner and not node.spec.unschedulable:
+                elif not add and owner and not _unschedulable(node):
                     # Ours, and no cordon of ours left on it: the hold ends with the taint.
                     patch["metadata"] = {"annotations": {workflow_key: None, reason_key: None}}
-            current = [t.to_dict() for t in (node.spec.taints or [])] if node.spec else []
+            current = list((node.get("spec") or {}).get("taints") or [])
             others = [t for t in current if not (t["key"] == taint.key and t["effect"] == taint.effect)]
             wanted = others + ([{"key": taint.key, "value": taint.value or None, "effect": taint.effect}]
                                if add else [])
@@ -452,7 +471,7 @@ class KubernetesActivities:
     def add_taint(self, request: TaintRequest) -> ActionResult:
         return self._taint_action(request, add=True)
 
-    def taint(self, request: TaintRequest, current: client.V1Node | None = None) -> ActionResult:
+    def taint(self, request: TaintRequest, current: JsonNode | None = None) -> ActionResult:
         """Add `request`'s taint; `current`: the node as just read, if it was."""
         return self._taint_action(request, add=True, current=current)
 

@@ -29,7 +29,7 @@ from temporalio import activity
 
 from activities.breaker import CordonBreaker, GuardViews
 from activities.kube_client import protective_lane
-from activities.kubernetes import KubernetesActivities, node_info
+from activities.kubernetes import KubernetesActivities, node_info_from_json
 from activities.slurm import SlurmActivities
 from fleetmedic.models import (
     ActionResult,
@@ -89,7 +89,7 @@ class ProtectiveActivities:
             jobs = self._submit(self.slurm.jobs_on_node, request.node)
             slurm_node = self._submit(self.slurm.node_now, request.node)
         raw, opt_out = looked.result()
-        node = node_info(raw, self.kubernetes.policy.labels.gpu_resource) if raw is not None else None
+        node = node_info_from_json(raw, self.kubernetes.policy.labels.gpu_resource) if raw is not None else None
         if raw is None or opt_out.opted_out:
             return Protection(node=node, opt_out=opt_out, jobs=jobs.result() if jobs is not None else None)
         if self.breaker is not None and request.cluster and not request.dry_run:

@@ -13,13 +13,17 @@ for at most the read in flight and its own, both under the reader's own timeout.
 
 Idempotent writes share the same way (Slurm's node updates: `SlurmCli.update_nodes`): the "read"
 does every write of its batch and answers each caller with its own error, if any.
+
+`AsyncSharedReads` is the same for coroutines on the worker's event loop (Temporal's visibility,
+which the worker's client reads without a thread).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import deque
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -86,3 +90,49 @@ class SharedReads(Generic[K, V]):
         if batch.error is not None:
             raise batch.error
         return batch.answers.get(key)
+
+
+class _AsyncBatch(Generic[K, V]):
+    def __init__(self) -> None:
+        self.keys: set[K] = set()
+        self.answers: asyncio.Future[Mapping[K, V]] = asyncio.get_running_loop().create_future()
+        # Every caller may have gone (its activity timed out): the read's error is then nobody's.
+        self.answers.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+
+class AsyncSharedReads(Generic[K, V]):
+    """`SharedReads` for coroutines: `await get(key)` joins the next read of `read(keys)`. A caller
+    that stops waiting (cancelled) leaves the read to the others; one read runs at a time."""
+
+    def __init__(self, read: Callable[[frozenset[K]], Awaitable[Mapping[K, V]]], *, max_keys: int = 500) -> None:
+        self.read = read
+        self.max_keys = max_keys
+        self.waiting: deque[_AsyncBatch[K, V]] = deque()
+        self.reading: asyncio.Task[None] | None = None
+        self.reads = 0  # reads started (the tests count them)
+
+    async def get(self, key: K) -> V | None:
+        last = self.waiting[-1] if self.waiting else None
+        if last is None or (len(last.keys) >= self.max_keys and key not in last.keys):
+            last = _AsyncBatch()
+            self.waiting.append(last)
+        last.keys.add(key)
+        self._next()
+        return (await asyncio.shield(last.answers)).get(key)
+
+    def _next(self) -> None:
+        if self.reading is None and self.waiting:
+            self.reading = asyncio.get_running_loop().create_task(self._read(self.waiting.popleft()))
+
+    async def _read(self, batch: _AsyncBatch[K, V]) -> None:
+        self.reads += 1
+        try:
+            batch.answers.set_result(await self.read(frozenset(batch.keys)))
+        except asyncio.CancelledError:  # the worker is stopping: its callers are cancelled too
+            batch.answers.cancel()
+            raise
+        except Exception as exc:  # every caller of the batch gets the read's own error (and retries it)
+            batch.answers.set_exception(exc)
+        finally:
+            self.reading = None
+            self._next()

@@ -13,12 +13,17 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.shared_reads import AsyncSharedReads
 from activities.slurm_names import SameName, SlurmNames
 from activities.start import RUNBOOK_TASK_TIMEOUT, start_or_attach
 from fleetmedic.ids import FLEET_NODE, node_workflow_id, run_summary, start_attributes
 from fleetmedic.job_failures import SuspectNodeInput, SuspectRequest
 from fleetmedic.trust import UntrustedValue, visibility_literal
 
+# A shared lemon count's query: its own deadline (the callers' activities have theirs), and at most
+# this many past runs read (a lemon threshold is a few remediations; a fleet's worth is plenty).
+COUNT_TIMEOUT_S = 20
+COUNT_LIMIT = 5000
 # The runbooks whose run on a node explains a job's failure there (a known hardware cause).
 HARDWARE_RUNBOOKS = ("xid-recovery", "hot-gpu-pull", "nvlink-fault-replace", "suspect-node")
 
@@ -29,6 +34,8 @@ class TemporalActivities:
         self.task_queue = task_queue
         # Job failures name Slurm nodes; runbooks run on Kubernetes nodes (Slinky: not the same names).
         self.names: SlurmNames = names or SameName()
+        self.remediation_counts: AsyncSharedReads[tuple[str, str, datetime], int] = AsyncSharedReads(
+            self._count_batch, max_keys=200)
 
     async def kube_nodes(self, slurm: list[str]) -> dict[str, str]:
         """Slurm node → the Kubernetes node it runs on."""
@@ -54,12 +61,14 @@ class TemporalActivities:
     async def count_remediations(self, cluster: str, node: str, since: datetime) -> int:
         """Live runs that took this node out of service since `since`: the lemon-node rule counts
         them. Shadow (dry-run) runs never count: rolling a policy out in shadow first must not send
-        a node to RMA on its first live failure."""
+        a node to RMA on its first live failure.
+
+        Runs asking at once share one visibility query (activities/shared_reads.py): every node
+        runbook asks at its start, and a storm's 500 counts, one each, met the production server's
+        visibility rate limit (`frontend.namespaceRPS.visibility`, 10/s by default)."""
         try:
-            query = (f"FleetCluster = {visibility_literal(cluster)} AND FleetNode = {visibility_literal(node)} "
-                     'AND ExecutionStatus != "Running" AND FleetOutcome IN ("remediated", "quarantined", "lemon") '
-                     f'AND FleetDryRun = false AND StartTime > "{since.isoformat().replace("+00:00", "Z")}"')
-            return (await self.client.count_workflows(query)).count
+            visibility_literal(cluster), visibility_literal(node)  # refused alone, not with its batch
+            return await self.remediation_counts.get((cluster, node, since)) or 0
         except UntrustedValue as exc:
             raise ApplicationError(str(exc), type="InvalidInput", non_retryable=True) from None
         except RPCError as exc:
@@ -68,6 +77,25 @@ class TemporalActivities:
                 raise ApplicationError(f"visibility refused the query: {exc.message}", type="InvalidInput",
                                        non_retryable=True) from None
             raise
+
+    async def _count_batch(self, keys: frozenset[tuple[str, str, datetime]]) -> dict[tuple[str, str, datetime], int]:
+        """Each (cluster, node, since)'s count, from one list query per cluster over all its nodes
+        since the earliest `since` asked (the per-node windows are applied to the runs it returns)."""
+        counts = dict.fromkeys(keys, 0)
+        for cluster in {c for c, _, _ in keys}:
+            asked = [(node, since) for c, node, since in keys if c == cluster]
+            names = ", ".join(visibility_literal(n) for n in sorted({n for n, _ in asked}))
+            after = min(since for _, since in asked).isoformat().replace("+00:00", "Z")
+            query = (f"FleetCluster = {visibility_literal(cluster)} AND FleetNode IN ({names}) "
+                     'AND ExecutionStatus != "Running" AND FleetOutcome IN ("remediated", "quarantined", "lemon") '
+                     f'AND FleetDryRun = false AND StartTime > "{after}"')
+            async with asyncio.timeout(COUNT_TIMEOUT_S):
+                async for run in self.client.list_workflows(query, limit=COUNT_LIMIT, page_size=1000):
+                    ran_on = run.typed_search_attributes.get(FLEET_NODE)
+                    for node, since in asked:
+                        if node == ran_on and run.start_time > since:
+                            counts[(cluster, node, since)] += 1
+        return counts
 
     @activity.defn(name="temporal.hardware_runbooks")
     async def hardware_runbooks(self, cluster: str, nodes: list[str], since: datetime) -> dict[str, str]:

@@ -27,9 +27,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from devstack.jwt_issuer import JwtIssuer
 from devstack.kube_cluster import Process, _tail, spawn, stop_processes
 from devstack.slurm_cluster import free_port
 
@@ -65,9 +67,11 @@ class ProductionTemporal:
     `namespace` are what a worker is given. Stopped by PID, newest first."""
 
     def __init__(self, workdir: Path | None = None, *, shards: int = SHARDS, namespace: str = NAMESPACE,
-                 durable: bool = True) -> None:
+                 durable: bool = True, issuer: JwtIssuer | None = None) -> None:
         """`durable`: PostgreSQL syncs its commits to disk as in production (the benchmarks' case);
-        tests may turn it off, which changes no behaviour they assert, only how long a write waits."""
+        tests may turn it off, which changes no behaviour they assert, only how long a write waits.
+        `issuer`: the frontend authorizes every call by the issuer's JWTs (the default claim mapper
+        and authorizer); this setup registers the namespace as `temporal-system:admin`."""
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fleetmedic-temporal-"))
         self.shards, self.namespace, self.durable = shards, namespace, durable
         self.bin = cache_dir()
@@ -77,6 +81,7 @@ class ProductionTemporal:
         self.port = 0
         self.metrics_port = 0
         self._pgdir: Path | None = None
+        self.issuer = issuer
 
     @property
     def address(self) -> str:
@@ -179,7 +184,10 @@ class ProductionTemporal:
         store = {"pluginName": "postgres12", "connectAddr": f"127.0.0.1:{self.pg_port}", "connectProtocol": "tcp",
                  "user": "postgres", "password": self.pg_password, "maxConnLifetime": "1h"}
         services = {}
-        for name in ("frontend", "history", "matching", "worker"):
+        # With authorization, the server's own worker service calls an internal frontend, which
+        # authorizes nothing (production secures it with internode mTLS): the public one refuses it.
+        names = ["frontend", "history", "matching", "worker"] + (["internal-frontend"] if self.issuer else [])
+        for name in names:
             rpc = {"grpcPort": self.port if name == "frontend" else free_port(), "membershipPort": free_port(),
                    "bindOnLocalHost": True}
             if name == "frontend":
@@ -189,7 +197,7 @@ class ProductionTemporal:
         # Only what FleetMedic needs beyond the defaults: Updates (approvals, the guard) are on by
         # default in 1.32; the ID length matches the dev server's so the same IDs pass everywhere.
         dynamic.write_text(yaml.safe_dump({"limit.maxIDLength": [{"value": 255, "constraints": {}}]}))
-        config = {
+        config: dict[str, Any] = {
             "log": {"stdout": True, "level": "warn"},
             "persistence": {
                 "defaultStore": "default", "visibilityStore": "visibility", "numHistoryShards": self.shards,
@@ -212,10 +220,12 @@ class ProductionTemporal:
             "dcRedirectionPolicy": {"policy": "noop"},
             "dynamicConfigClient": {"filepath": str(dynamic), "pollInterval": "10s"},
         }
+        if self.issuer is not None:
+            config["global"]["authorization"] = self.issuer.server_config()
         path = self.workdir / "temporal.yaml"
         path.write_text(yaml.safe_dump(config))
         self._spawn("temporal-server", [str(self.bin / "temporal-server"), "--config-file", str(path),
-                                        "--allow-no-auth", "start"])
+                                        "--allow-no-auth", "start", *(f"--service={name}" for name in names)])
 
     async def _ready(self, timeout: float) -> None:
         await self.register_namespace(self.namespace, timeout)
@@ -236,7 +246,7 @@ class ProductionTemporal:
             self._check_alive()
             try:
                 if client is None:
-                    client = await Client.connect(self.address, namespace=namespace)
+                    client = await Client.connect(self.address, namespace=namespace, rpc_metadata=self.admin_metadata())
                 if not registered:
                     retention = Duration()
                     retention.FromTimedelta(RETENTION)
@@ -255,6 +265,12 @@ class ProductionTemporal:
             await asyncio.sleep(0.5)
         raise RuntimeError(f"Temporal at {self.address} did not serve namespace {namespace} in "
                            f"{timeout:.0f} s (last: {last}): {_tail(self.server_log)}")
+
+    def admin_metadata(self) -> dict[str, str]:
+        """gRPC metadata of a `temporal-system:admin` caller (none needed without an issuer)."""
+        if self.issuer is None:
+            return {}
+        return {"authorization": f"Bearer {self.issuer.token('temporal-admin', ['temporal-system:admin'])}"}
 
     # --- processes --------------------------------------------------------------------------------
 

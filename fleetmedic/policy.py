@@ -617,6 +617,8 @@ def shared(policy: Policy) -> Policy:
     5,000 equal objects. Policies are frozen, so sharing one cannot let a run change another's.
     Runs call this from the workflow threads at once: only single, atomic dict operations."""
     global _SHARED
+    if any(policy is known for known in list(_SHARED.values())):
+        return policy  # read once already (fleetmedic/converter.py): no need to write it out again
     if len(_SHARED) >= _SHARED_KEEP:
         _SHARED = {}
     return _SHARED.setdefault(policy.model_dump_json(), policy)

@@ -41,7 +41,7 @@ from fleetmedic.models import (
     RunbookStatus,
 )
 from tests.harness import quick_policy, settings_for, worker_for
-from tests.runbook_stack import save_history, status_when
+from tests.runbook_stack import fleetmedic_cli, save_history, status_when
 from workers.worker import build_worker
 from workflows.fleet_guard import NEAR, FleetGuard, worth_telling
 
@@ -626,3 +626,33 @@ async def test_a_server_too_loaded_to_answer_in_time_fails_the_attempt_in_one_li
     err = caught.value
     assert err.type == "Unavailable" and not err.non_retryable
     assert err.message.startswith("the guard did not take it (CANCELLED: "), err
+
+
+async def test_fleetmedic_pause_returns_once_the_guard_has_recorded_it(client: Client, task_queue: str,
+                                                                        kube: RealKube, provider_http: ProviderStandIn,
+                                                                        tmp_path: Path) -> None:
+    """An operator's `fleetmedic pause && start-the-change` must not race a run's first protective
+    step: the command returns once the guard's memo — what every worker reads — shows the pause.
+    With no worker to run the guard it says so and exits 1; the pause applies when one comes."""
+    cluster = task_queue
+    guard = client.get_workflow_handle(guard_workflow_id(cluster))
+
+    async def memo_pause() -> Any:
+        return ((await (await guard.describe()).memo()).get(MEMO_KEY) or {}).get("paused")
+
+    alone = await asyncio.to_thread(fleetmedic_cli, client, task_queue, cluster, "pause", "--by", "dana",
+                                    "--reason", "change freeze", "--within", "2")
+    assert alone.returncode == 1, alone.stdout
+    assert "not recorded by the guard after 2 s: no worker runs it" in alone.stderr
+    assert guard_queue(task_queue) in alone.stderr and "Traceback" not in alone.stderr
+    settings = settings_for(task_queue, kube, provider=provider_http)
+    async with worker_for(client, settings, guard_policy(tmp_path, provider_http)):
+        paused = await asyncio.to_thread(fleetmedic_cli, client, task_queue, cluster, "pause", "--by", "erin",
+                                         "--reason", "driver push")
+        assert paused.returncode == 0, paused.stderr
+        assert "paused by erin: driver push (recorded" in paused.stdout
+        shown = await memo_pause() or {}
+        assert (shown.get("by"), shown.get("reason")) == ("erin", "driver push")
+        resumed = await asyncio.to_thread(fleetmedic_cli, client, task_queue, cluster, "resume", "--by", "erin")
+        assert resumed.returncode == 0, resumed.stderr
+        assert await memo_pause() is None

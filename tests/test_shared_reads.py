@@ -4,6 +4,7 @@ slurmctld)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Collection, Mapping
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from activities.shared_reads import SharedReads
+from activities.shared_reads import AsyncSharedReads, SharedReads
 
 
 class Source:
@@ -72,3 +73,34 @@ def test_a_caller_alone_reads_at_once() -> None:
     shared: SharedReads[str, str] = SharedReads(source.read)
     assert [shared.get("a"), shared.get("a")] == ["value of a", "value of a"]
     assert source.asked == [{"a"}, {"a"}]  # nothing kept: each caller's answer is read after it asked
+
+
+async def test_coroutines_share_reads_that_started_after_they_asked_and_one_leaving_stops_no_one() -> None:
+    """The event loop's flavour (the lemon counts): callers that ask while a read runs share the
+    next one, never the one in flight; a read's error reaches its callers only, and the next read
+    runs; a caller cancelled while waiting (its activity timed out) leaves the others their answer."""
+    batches: list[frozenset[str]] = []
+    gate = asyncio.Event()
+
+    async def read(keys: frozenset[str]) -> Mapping[str, int]:
+        batches.append(keys)
+        if len(batches) == 1:
+            await gate.wait()
+        if "bad" in keys:
+            raise RuntimeError("visibility at frontend:7233: unavailable")
+        return {k: len(k) for k in keys if k != "missing"}
+
+    shared: AsyncSharedReads[str, int] = AsyncSharedReads(read)
+    first = asyncio.ensure_future(shared.get("a"))
+    await asyncio.sleep(0)
+    later = [asyncio.ensure_future(shared.get(k)) for k in ("bb", "ccc", "missing", "bb")]
+    leaving = asyncio.ensure_future(shared.get("dddd"))
+    await asyncio.sleep(0)
+    leaving.cancel()
+    gate.set()
+    assert await first == 1
+    assert await asyncio.gather(*later) == [2, 3, None, 2]
+    assert batches == [frozenset({"a"}), frozenset({"bb", "ccc", "missing", "dddd"})]
+    bad, after = await asyncio.gather(shared.get("bad"), shared.get("e"), return_exceptions=True)
+    assert isinstance(bad, RuntimeError) and after == 1  # "bad" read alone at once; "e" joined the next
+    assert batches[2:] == [frozenset({"bad"}), frozenset({"e"})] and shared.reads == 4

