@@ -9,9 +9,10 @@ waiting run costs the worker; 5,000 runs in flight peaked at 1.15 GB). Adapters 
 safe to share across threads, and what they parse or write does not depend on who holds them:
 workflows replay the same.
 
-The policy is read by every run at its start (a local activity's result, about 40 KB of JSON):
-validating it cost each run a millisecond of the worker's CPU for a document that changes only
-when an operator changes it. Equal payloads are read once and the frozen model shared.
+The policy is read by every run at its start (a local activity's result, 6 KB of JSON for the
+default): validating it cost each run 0.7 ms of the worker's CPU, and writing it out again to share
+it 0.1 ms, for a document that changes only when an operator changes it. Equal payloads are read
+once and the frozen model shared.
 """
 
 from __future__ import annotations

@@ -93,12 +93,17 @@ def _sample(key: Any) -> Any:
 
 
 async def test_lemon_counts_asked_at_once_share_one_visibility_query(
-        production_temporal: ProductionTemporal, production_client: Client, task_queue: str) -> None:
+        production_temporal: ProductionTemporal, task_queue: str) -> None:
     """Every node runbook counts its node's earlier remediations (the lemon rule). Forty runs asking
     at once — a storm — are answered by a few list queries, not forty counts: the production server
     refuses more than 10 visibility calls a second per namespace by default. Each node's count is
     its own: past live runs since its own window, not shadow runs, not open ones, not another
-    node's. Measured at the frontend (its request metrics)."""
+    node's. Measured at the frontend (its request metrics), in a namespace of the test's own: other
+    tests' workers share the server."""
+    namespace = f"lemon-{task_queue}"
+    await production_temporal.register_namespace(namespace)
+    production_client = await connect(target_host=production_temporal.address, namespace=namespace)
+    await ensure_search_attributes(production_client)
     cluster = f"lemon-{task_queue}"
     now = datetime.now(UTC)
     past = {"gpu-a": ("remediated", "lemon", "remediated"), "gpu-b": ("quarantined",), "gpu-c": ()}
@@ -120,14 +125,15 @@ async def test_lemon_counts_asked_at_once_share_one_visibility_query(
     hour_ago, later = now - timedelta(hours=1), now + timedelta(hours=1)
     asked = [("gpu-a", hour_ago), ("gpu-b", hour_ago), ("gpu-c", hour_ago), ("gpu-a", later),
              *[(f"gpu-n{i}", hour_ago) for i in range(36)]]
-    lists, counts = _frontend_requests(production_temporal, "ListWorkflowExecutions", "CountWorkflowExecutions")
+    lists, counts = await _frontend_requests(production_temporal, namespace, "ListWorkflowExecutions",
+                                       "CountWorkflowExecutions")
     answers = await asyncio.gather(*(counter.count_remediations(cluster, node, since) for node, since in asked))
-    lists_after, counts_after = _frontend_requests(production_temporal, "ListWorkflowExecutions",
+    lists_after, counts_after = await _frontend_requests(production_temporal, namespace, "ListWorkflowExecutions",
                                                    "CountWorkflowExecutions")
     assert answers[:4] == [3, 1, 0, 0]  # the window after every run counts none
     assert answers[4:] == [0] * 36
     assert counts_after == counts, "no per-run count query"
-    assert lists_after - lists <= 3, f"{lists_after - lists:.0f} list queries for {len(asked)} runs asking at once"
+    assert 1 <= lists_after - lists <= 3, f"{lists_after - lists:.0f} list queries for {len(asked)} runs asking at once"
     await open_run.terminate("test over")
 
 
@@ -143,11 +149,16 @@ def _fleet(cluster: str, node: str, outcome: str, *, dry: bool) -> TypedSearchAt
                                   SearchAttributePair(FLEET_OUTCOME, outcome), SearchAttributePair(FLEET_DRY_RUN, dry)])
 
 
-def _frontend_requests(server: ProductionTemporal, *operations: str) -> list[float]:
-    """How many calls of each operation the server's frontend has served: its Prometheus metrics."""
+async def _frontend_requests(server: ProductionTemporal, namespace: str, *operations: str) -> list[float]:
+    """How many calls of each operation the server's frontend has served in `namespace`: its
+    Prometheus metrics (label values with `_` for `-`), read once its reporter has flushed what
+    came before (every second)."""
+    label = namespace.replace("-", "_")
+    await asyncio.sleep(2)
     text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30).text
     samples = [s for family in text_string_to_metric_families(text) if family.name == "service_requests"
-               for s in family.samples if s.labels.get("service_name") == "frontend"]
+               for s in family.samples
+               if s.labels.get("service_name") == "frontend" and s.labels.get("namespace") == label]
     return [sum(s.value for s in samples if s.labels.get("operation") == operation) for operation in operations]
 
 

@@ -352,7 +352,6 @@ async def signal_command(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-
 async def guard_command(client: Client, args: argparse.Namespace, settings: Settings) -> int:
     """Signal-with-start the cluster's fleet guard (it exists from the first pause on), and return
     once the guard has recorded the change: a change started right after `fleetmedic pause` is held."""
@@ -368,7 +367,7 @@ async def guard_command(client: Client, args: argparse.Namespace, settings: Sett
               "it applies when one does", file=sys.stderr)
         return 1
     print(f"fleet-guard/{cluster}: {verb} by {operator.by}" + (f": {operator.reason}" if operator.reason else "")
-          + f" (recorded; every worker holds to it within {VIEW_EVERY:g} s)")
+          + f" (recorded; every worker reads it within {VIEW_EVERY:g} s)")
     return 0
 
 
