@@ -26,7 +26,6 @@ import httpx
 import yaml
 from kubernetes import client as k8s_client
 from kubernetes import watch
-from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -38,7 +37,7 @@ from devstack.kube_world import RealKube
 from devstack.processes import FleetMedicProcess
 from devstack.slurm_cluster import LocalSlurmCluster, free_port
 from devstack.standins import ProviderStandIn
-from devstack.temporal_production import ProductionTemporal
+from devstack.temporal_production import ProductionTemporal, frontend_requests
 from devstack.temporal_production import missing as missing_production
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import NodeRunbookInput
@@ -259,7 +258,7 @@ class BenchWorld:
         """The Temporal server's Prometheus endpoint: the production server's configured one, or the
         address the dev server's banner gives."""
         if self.temporal_kind == "production":
-            return f"http://127.0.0.1:{self.production.metrics_port}/metrics"
+            return self.production.metrics_url
         banner = (self.workdir / "temporal" / "temporal.log").read_text(errors="replace")
         found = re.search(r"Temporal Metrics:\s+(\S+)", banner)
         if found is None:
@@ -292,10 +291,7 @@ class BenchWorld:
     def server_requests(self, operation: str) -> float:
         """How many `operation` calls (e.g. RecordActivityTaskHeartbeat) the Temporal server's
         frontend has served so far: its own metrics."""
-        families = text_string_to_metric_families(httpx.get(self.metrics_url(), timeout=30).text)
-        return sum(sample.value for family in families if family.name == "service_requests"
-                   for sample in family.samples
-                   if sample.labels.get("operation") == operation and sample.labels.get("service_name") == "frontend")
+        return frontend_requests(self.metrics_url(), [operation])[0]
 
     def worker_pid(self) -> int:
         assert self.worker.proc is not None

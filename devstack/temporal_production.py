@@ -29,7 +29,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.jwt_issuer import JwtIssuer
 from devstack.kube_cluster import Process, _tail, spawn, stop_processes
@@ -62,6 +64,18 @@ def missing() -> list[str]:
     return gone
 
 
+def frontend_requests(metrics_url: str, operations: list[str], namespace: str | None = None) -> list[float]:
+    """How many calls of each operation (e.g. RecordActivityTaskHeartbeat) a Temporal server's
+    frontend has served so far, in `namespace` or all: its own Prometheus metrics, on the dev server
+    as on this one (the namespace label has `_` for `-`; the reporter flushes every second)."""
+    label = namespace.replace("-", "_") if namespace is not None else None
+    text = httpx.get(metrics_url, timeout=30).text
+    samples = [sample for family in text_string_to_metric_families(text) if family.name == "service_requests"
+               for sample in family.samples if sample.labels.get("service_name") == "frontend"
+               and (label is None or sample.labels.get("namespace") == label)]
+    return [sum(s.value for s in samples if s.labels.get("operation") == operation) for operation in operations]
+
+
 class ProductionTemporal:
     """PostgreSQL and temporal-server on loopback, in a directory of their own; `address` and
     `namespace` are what a worker is given. Stopped by PID, newest first."""
@@ -86,6 +100,10 @@ class ProductionTemporal:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
     def server_log(self) -> Path:

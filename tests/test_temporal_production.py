@@ -19,16 +19,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.worker import Replayer
 
 from activities.temporal import TemporalActivities
 from devstack.jwt_issuer import JwtIssuer
-from devstack.temporal_production import ProductionTemporal
+from devstack.temporal_production import ProductionTemporal, frontend_requests
 from fleetmedic.converter import data_converter
 from fleetmedic.ids import FLEET_CLUSTER, FLEET_DRY_RUN, FLEET_NODE, FLEET_OUTCOME, SEARCH_ATTRIBUTES, guard_queue
 from fleetmedic.models import GuardState
@@ -150,16 +148,10 @@ def _fleet(cluster: str, node: str, outcome: str, *, dry: bool) -> TypedSearchAt
 
 
 async def _frontend_requests(server: ProductionTemporal, namespace: str, *operations: str) -> list[float]:
-    """How many calls of each operation the server's frontend has served in `namespace`: its
-    Prometheus metrics (label values with `_` for `-`), read once its reporter has flushed what
-    came before (every second)."""
-    label = namespace.replace("-", "_")
+    """How many calls of each operation the server's frontend has served in `namespace`, read once
+    its metrics reporter has flushed what came before (every second)."""
     await asyncio.sleep(2)
-    text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30).text
-    samples = [s for family in text_string_to_metric_families(text) if family.name == "service_requests"
-               for s in family.samples
-               if s.labels.get("service_name") == "frontend" and s.labels.get("namespace") == label]
-    return [sum(s.value for s in samples if s.labels.get("operation") == operation) for operation in operations]
+    return frontend_requests(server.metrics_url, list(operations), namespace)
 
 
 async def test_a_worker_that_may_not_add_search_attributes_exits_with_the_admins_commands(
