@@ -38,10 +38,10 @@ from typing import Any, Literal
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.out_of_service import OutOfService
 from fleetmedic import ids
-from fleetmedic.models import BreakerState, BreakerTrip, NodeInfo, Operator
+from fleetmedic.models import BreakerState, BreakerTrip, Operator
 from fleetmedic.policy import Policy
-from fleetmedic.selectors import label_selector_matches
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +125,11 @@ class GuardViews:
 class CordonBreaker:
     """The bound on protective steps, decided on the worker from its node watch and guard views."""
 
-    def __init__(self, policy: Policy, nodes: Callable[[], tuple[dict[str, NodeInfo], dict[str, float]] | None],
+    def __init__(self, policy: Policy, fleet: Callable[[], OutOfService | None],
                  views: Callable[[str], GuardView], clock: Callable[[], float] = time.monotonic) -> None:
-        self.policy, self.nodes, self.views, self.clock = policy, nodes, views, clock
+        # `fleet`: the node watch's nodes out of service (None before its first list), filed with
+        # the policy's GPU selector and workflow annotation.
+        self.policy, self.fleet, self.views, self.clock = policy, fleet, views, clock
         self.lock = threading.Lock()
         self.pending: dict[str, float] = {}  # nodes this worker is cordoning → since when
 
@@ -144,34 +146,30 @@ class CordonBreaker:
                             held_by="breaker")
         budget = self.policy.budget.protective
         with self.lock:
-            # The watch's copy taken under the lock: one taken before it could predate a cordon whose
+            # The counts taken under the lock: counts taken before it could predate a cordon whose
             # place another step has just handed from `pending` to the watch, and miss it.
-            seen = self.nodes()
-            if seen is None:  # the API server cannot be listed: the guard's view alone, said in the log
+            fleet = self.fleet()
+            if fleet is None:  # the API server cannot be listed: the guard's view alone, said in the log
                 log.warning("cordon breaker: no list of the nodes yet (%s): %s not counted", self.policy.labels
                             .gpu_node_selector, node)
                 return Decision()
             now = self.clock()
-            nodes, out_since = seen
-            self.pending = {n: t for n, t in self.pending.items() if now - t < PENDING_S and n not in out_since}
-            # The GPU nodes as the fleet guard counts them (`labels.gpu_node_selector`).
-            gpu = [n for n in nodes.values() if label_selector_matches(self.policy.labels.gpu_node_selector, n.labels)]
+            self.pending = {n: t for n, t in self.pending.items() if now - t < PENDING_S and not fleet.is_out(n)}
             since = now - budget.window.total_seconds()
             if view.reset_at is not None:  # nodes out before the reset were looked at by a person
                 since = max(since, now - (datetime.now(UTC) - view.reset_at).total_seconds())
-            recent = {n.name for n in gpu if out_since.get(n.name, float("-inf")) > since} | set(self.pending)
-            ours = {n.name for n in gpu if out_since.get(n.name, float("-inf")) > now - MINUTE_S
-                    and n.annotations.get(self.policy.labels.workflow_annotation)} | set(self.pending)
-            bound = max(budget.min_nodes, int(budget.max_out_fraction * len(gpu)))
+            # The GPU nodes as the fleet guard counts them (`labels.gpu_node_selector`).
+            tally = fleet.tally(node, since, now - MINUTE_S, self.pending)
+            bound = max(budget.min_nodes, int(budget.max_out_fraction * tally.gpu_nodes))
             why = None
-            if node not in recent and len(recent) + 1 > bound:
-                why = (f"{len(recent)} of {len(gpu)} GPU nodes went out of service within {budget.window} "
+            if not tally.node_recent and tally.recent + 1 > bound:
+                why = (f"{tally.recent} of {tally.gpu_nodes} GPU nodes went out of service within {budget.window} "
                        f"(bound {bound}: {budget.max_out_fraction:.0%})")
-            elif node not in ours and len(ours) + 1 > budget.max_per_minute:
-                why = f"{len(ours)} protective cordons in the last minute (bound {budget.max_per_minute})"
+            elif not tally.node_ours and tally.ours + 1 > budget.max_per_minute:
+                why = f"{tally.ours} protective cordons in the last minute (bound {budget.max_per_minute})"
             if why is not None:
                 why += "; same alert on many nodes: look at the exporter or a fleet-wide event first"
                 return Decision(held=f"cordon breaker: {why}", held_by="breaker", trip=BreakerTrip(
-                    out=len(recent), gpu_nodes=len(gpu), bound=bound, reason=why))
+                    out=tally.recent, gpu_nodes=tally.gpu_nodes, bound=bound, reason=why))
             self.pending[node] = now
         return Decision()

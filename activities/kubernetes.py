@@ -29,6 +29,7 @@ from temporalio import activity
 
 from activities.errors import fail, from_http_status, reread_on_conflict
 from activities.node_watch import NodeWatch
+from activities.out_of_service import OutOfService
 from activities.shared_reads import SharedReads
 from activities.waits import BlockingCalls, window_left
 from fleetmedic.errors import ErrorKind
@@ -174,7 +175,8 @@ class KubernetesActivities:
         self.shared_opt_outs: SharedReads[None, list[dict[str, Any]]] = SharedReads(
             lambda _: {None: self._opted_out_pods()})
         self.node_watch = NodeWatch(lambda: self.core, lambda n: node_info(n, policy.labels.gpu_resource),
-                                    lambda n: node_info_from_json(n, policy.labels.gpu_resource), timeout_s)
+                                    lambda n: node_info_from_json(n, policy.labels.gpu_resource), timeout_s,
+                                    OutOfService(policy.labels.gpu_node_selector, policy.labels.workflow_annotation))
 
     @property
     def core(self) -> client.CoreV1Api:
@@ -195,7 +197,7 @@ class KubernetesActivities:
             self.read_node("fleetmedic-warm-up")
         except Exception as exc:  # NotFound is the expected answer; anything else only costs latency
             log.debug("kubernetes warm-up: %s", exc)
-        self.node_watch.snapshot()  # the node watch starts now: the cordon breaker counts from it
+        self.node_watch.out_of_service()  # the node watch starts now: the cordon breaker counts from it
 
     def _dry(self, requested: bool) -> bool:
         return requested or self.force_dry_run

@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes import client, watch
 
 from activities.errors import fail
+from activities.out_of_service import OutOfService
 from fleetmedic.errors import ErrorKind
 from fleetmedic.models import NodeInfo
 
@@ -34,12 +35,13 @@ class NodeWatch:
     """The latest state of every node, from one list and watch; `wait` for a node to match."""
 
     def __init__(self, core: Callable[[], client.CoreV1Api], to_info: Callable[[Any], NodeInfo],
-                 json_to_info: Callable[[dict[str, Any]], NodeInfo], timeout_s: float) -> None:
+                 json_to_info: Callable[[dict[str, Any]], NodeInfo], timeout_s: float,
+                 out: OutOfService) -> None:
         self._core, self._to_info, self._json_to_info, self.timeout_s = core, to_info, json_to_info, timeout_s
         self._nodes: dict[str, NodeInfo] = {}
         # When each node out of service (cordoned or NotReady) went out, as this watch saw it happen
-        # (monotonic); nodes already out when it first listed them: -inf, before anything counted.
-        self._out_since: dict[str, float] = {}
+        # (activities/out_of_service.py: what the cordon breaker counts).
+        self.out = out
         self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -81,7 +83,7 @@ class NodeWatch:
                         with self._lock:
                             if event["type"] == "DELETED":
                                 self._nodes.pop(name, None)
-                                self._out_since.pop(name, None)
+                                self.out.gone(name)
                             else:
                                 self._seen(self._json_to_info(node))
                         self._notify([name])
@@ -95,17 +97,9 @@ class NodeWatch:
         objects go once read (a 5,000-node list is tens of MB, for the watch's whole life before)."""
         listed = core.list_node(_request_timeout=self.timeout_s)
         with self._lock:
-            first = not self.synced.is_set()
-            before, self._nodes, self._out_since = self._out_since, {}, {}
-            for info in (self._to_info(n) for n in listed.items):
-                if first:
-                    self._nodes[info.name] = info
-                    if _out(info):
-                        self._out_since[info.name] = float("-inf")
-                else:  # a list again after a broken watch: what changed meanwhile is seen now
-                    if info.name in before:
-                        self._out_since[info.name] = before[info.name]
-                    self._seen(info)
+            self._nodes = {info.name: info for info in (self._to_info(n) for n in listed.items)}
+            # A list again after a broken watch: what changed meanwhile is seen now.
+            self.out.listed(self._nodes.values(), time.monotonic(), first=not self.synced.is_set())
             everyone = list(self._waiters)
         self.synced.set()
         self._notify(everyone)
@@ -113,20 +107,14 @@ class NodeWatch:
 
     def _seen(self, info: NodeInfo) -> None:
         """A node's new state (under the lock): note when it goes out of service."""
-        if not _out(info):
-            self._out_since.pop(info.name, None)
-        elif info.name not in self._out_since:
-            self._out_since[info.name] = time.monotonic()
+        self.out.seen(info, time.monotonic())
         self._nodes[info.name] = info
 
-    def snapshot(self, wait_s: float = 0.0) -> tuple[dict[str, NodeInfo], dict[str, float]] | None:
-        """Every node, and when each node out of service went out, once the first list is in (waited
-        for up to `wait_s`); None before (the watch starts on the first call)."""
+    def out_of_service(self, wait_s: float = 0.0) -> OutOfService | None:
+        """The nodes out of service, once the first list is in (waited for up to `wait_s`); None
+        before (the watch starts on the first call)."""
         self._start()
-        if not self.synced.wait(wait_s):
-            return None
-        with self._lock:
-            return dict(self._nodes), dict(self._out_since)
+        return self.out if self.synced.wait(wait_s) else None
 
     def _notify(self, names: list[str]) -> None:
         with self._lock:
@@ -167,8 +155,3 @@ class NodeWatch:
                     waiters.discard((loop, event))
                     if not waiters:
                         self._waiters.pop(name, None)
-
-
-def _out(node: NodeInfo) -> bool:
-    """Out of service: cordoned, or not Ready."""
-    return node.unschedulable or not node.ready

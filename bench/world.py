@@ -154,11 +154,18 @@ def servers(choice: str) -> list[str]:
 
 
 async def on_each(choice: str, run: Callable[[str], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
-    """Each server's section; a server whose run failed says why instead of losing the others'."""
+    """Each server's section; a server whose run failed says why instead of losing the others'.
+    A run that gave up (SystemExit with its JSON error, as the waits here raise) counts as failed:
+    the next server still runs, and the error is its section."""
     results: dict[str, Any] = {}
     for server in servers(choice):
         try:
             results[server] = await run(server)
+        except SystemExit as exc:
+            with contextlib.suppress(ValueError):
+                results[server] = json.loads(str(exc.code))
+            if not isinstance(results.get(server), dict):
+                results[server] = {"error": str(exc.code)[:300]}
         except Exception as exc:
             results[server] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         print(json.dumps({server: results[server]}), file=sys.stderr, flush=True)

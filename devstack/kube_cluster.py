@@ -15,11 +15,8 @@ a deleted pod goes away when its grace period (deletionTimestamp) has passed, as
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import secrets
-import signal
 import subprocess
 import tempfile
 import time
@@ -29,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from devstack.processes import die_with_parent
 from devstack.slurm_cluster import free_port
 
 KUBE_VERSION = os.environ.get("FLEETMEDIC_KUBE_VERSION", "v1.36.3")
@@ -74,7 +72,7 @@ def spawn(workdir: Path, name: str, argv: list[str], *, user: str | None = None,
     ended with its parent; as `user` where given (a server that refuses to run as root)."""
     log = workdir / f"{name}.log"
     popen = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=cwd or workdir,
-                             start_new_session=True, preexec_fn=_die_with_parent, user=user)
+                             start_new_session=True, preexec_fn=die_with_parent, user=user)
     return Process(name, popen, log)
 
 
@@ -302,20 +300,6 @@ def apply_crds(cluster: LocalKubeCluster, crds: list[Path]) -> None:
     subprocess.run([*kubectl, "apply", "--server-side", *args], check=True, capture_output=True, timeout=120)
     subprocess.run([*kubectl, "wait", "--for", "condition=Established", "--timeout", "60s", *args], check=True,
                    capture_output=True, timeout=90)
-
-
-try:  # loaded in the parent: a child started as another user may not be able to read Python's modules
-    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
-except OSError:
-    _LIBC = None
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the process that started it dies (a test run killed
-    by a timeout must not leave an apiserver behind). Linux's PR_SET_PDEATHSIG; elsewhere nothing."""
-    if _LIBC is not None:
-        with contextlib.suppress(AttributeError):
-            _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
 def _tail(path: Path, lines: int = 15) -> str:

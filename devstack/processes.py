@@ -4,11 +4,28 @@ measuring process must not share. Each is stopped by its own PID, never by name.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+try:  # loaded in the parent: a child started as another user may not be able to read Python's modules
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:
+    _LIBC = None
+
+
+def die_with_parent() -> None:
+    """In the child, before exec (Popen's preexec_fn): SIGTERM when what started it dies — a test run
+    or a benchmark killed by a timeout must not leave an apiserver, a slurmctld or a worker behind.
+    Linux's PR_SET_PDEATHSIG, whose parent is the thread that started the child: start one from a
+    thread that lives as long as it does (the main thread; not a pool's). Elsewhere nothing."""
+    if _LIBC is not None:
+        with contextlib.suppress(AttributeError):
+            _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
 class FleetMedicProcess:
@@ -28,7 +45,8 @@ class FleetMedicProcess:
             # -P: the working directory is not put on the path (`-m` would put it first).
             isolated = ["-P"] if self.python != sys.executable else []
             self.proc = subprocess.Popen([self.python, *isolated, "-m", "workers.cli", *self.args], env=self.env,
-                                         stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd)
+                                         stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd,
+                                         preexec_fn=die_with_parent)
 
     def kill(self) -> None:
         """SIGKILL, as a node losing power would."""

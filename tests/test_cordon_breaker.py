@@ -19,6 +19,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 from activities.breaker import CordonBreaker, GuardView
+from activities.out_of_service import OutOfService
 from devstack import fleet
 from devstack.kube_world import RealKube
 from devstack.standins import ProviderStandIn, SlackStandIn
@@ -38,19 +39,22 @@ def gpu_node(name: str, *, out: bool = False) -> NodeInfo:
 
 
 def breaker_over(nodes: list[NodeInfo], out_since: dict[str, float], view: GuardView | None = None,
-                 **protective: Any) -> tuple[CordonBreaker, list[float]]:
+                 **protective: Any) -> tuple[CordonBreaker, list[float], OutOfService]:
+    """A breaker over `nodes`, those in `out_since` cordoned then (the watch's monotonic clock), and
+    the watch's record, to file what it sees next."""
     clock = [1000.0]
     policy = Policy.model_validate({"budget": {"protective": {"max_out_fraction": 0.1, "min_nodes": 1, **protective}}})
-    breaker = CordonBreaker(policy, lambda: ({n.name: n for n in nodes}, out_since),
-                            lambda _: view or GuardView(), clock=lambda: clock[0])
-    return breaker, clock
+    nodes = [n.model_copy(update={"unschedulable": True}) if n.name in out_since else n for n in nodes]
+    fleet = OutOfService.of(nodes, out_since, policy.labels.gpu_node_selector, policy.labels.workflow_annotation)
+    breaker = CordonBreaker(policy, lambda: fleet, lambda _: view or GuardView(), clock=lambda: clock[0])
+    return breaker, clock, fleet
 
 
 def test_the_bound_counts_nodes_gone_out_within_the_window_and_this_workers_own_cordons() -> None:
     nodes = [gpu_node(f"n{i}") for i in range(20)]  # bound: 10 % of 20 = 2
     out_since = {"old": float("-inf")}  # out before the watch started: not counted
     nodes.append(gpu_node("old", out=True))
-    breaker, clock = breaker_over(nodes, out_since)
+    breaker, clock, fleet = breaker_over(nodes, out_since)
     assert breaker.decide("c", "n0").held is None
     assert breaker.decide("c", "n1").held is None  # n0 pending (this worker cordons it): 1 + 1 ≤ 2
     third = breaker.decide("c", "n2")
@@ -59,14 +63,15 @@ def test_the_bound_counts_nodes_gone_out_within_the_window_and_this_workers_own_
     assert "look at the exporter or a fleet-wide event first" in third.trip.reason
     assert breaker.decide("c", "n0").held is None  # a retry of a step already counted passes
     # The watch shows n0 and n1 out, one of them long ago: past the window it no longer counts.
-    out_since.update({"n0": clock[0] - 700, "n1": clock[0]})
+    fleet.seen(gpu_node("n0", out=True), clock[0] - 700)
+    fleet.seen(gpu_node("n1", out=True), clock[0])
     assert breaker.decide("c", "n2").held is None
 
 
 def test_a_reset_counts_from_the_reset_and_a_tripped_guard_or_a_pause_holds_every_step() -> None:
     nodes = [gpu_node(f"n{i}") for i in range(10)]  # bound: min_nodes 1
     out_since = {"n0": 990.0}
-    breaker, _ = breaker_over(nodes, out_since, GuardView(reset_at=datetime.now(UTC)))
+    breaker, _, _ = breaker_over(nodes, out_since, GuardView(reset_at=datetime.now(UTC)))
     assert breaker.decide("c", "n1").held is None  # n0 went out before the reset
     tripped = GuardView(breaker=BreakerState(out=3, gpu_nodes=10, bound=1, reason="x", tripped_at=datetime.now(UTC),
                                              by="xid-recovery/c/n0"))
@@ -80,7 +85,7 @@ def test_protective_cordons_a_minute_are_bounded_fleet_wide() -> None:
     nodes = [gpu_node(f"n{i}") for i in range(100)]
     for node in nodes[:3]:
         node.annotations["fleetmedic.io/workflow"] = f"xid-recovery/c/{node.name}"
-    breaker, clock = breaker_over(nodes, {n.name: 999.0 for n in nodes[:3]}, max_out_fraction=1.0, max_per_minute=4)
+    breaker, _, _ = breaker_over(nodes, {n.name: 999.0 for n in nodes[:3]}, max_out_fraction=1.0, max_per_minute=4)
     assert breaker.decide("c", "n50").held is None  # 3 of ours in the last minute, + this one
     held = breaker.decide("c", "n51")
     assert held.trip is not None and "protective cordons in the last minute" in held.trip.reason

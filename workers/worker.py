@@ -119,7 +119,7 @@ class Activities:
         self.views = GuardViews(client, list(policy.routing.served_clusters))
         # The first protective steps after a start wait (up to 10 s) for the watch's first list: a
         # storm that arrives with a new worker is counted too.
-        breaker = CordonBreaker(policy, lambda: kubernetes.node_watch.snapshot(wait_s=10), self.views.get)
+        breaker = CordonBreaker(policy, lambda: kubernetes.node_watch.out_of_service(wait_s=10), self.views.get)
         self.protective = ProtectiveActivities(kubernetes, slurm, slots=settings.protective_slots, breaker=breaker,
                                                views=self.views).activities()
         providers = ProviderActivities(provider, force_dry_run=dry, blocking=blocking)
