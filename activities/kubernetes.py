@@ -174,8 +174,8 @@ class KubernetesActivities:
         self.force_dry_run = force_dry_run
         self.shared_opt_outs: SharedReads[None, list[dict[str, Any]]] = SharedReads(
             lambda _: {None: self._opted_out_pods()})
-        self.node_watch = NodeWatch(lambda: self.core, lambda n: node_info(n, policy.labels.gpu_resource),
-                                    lambda n: node_info_from_json(n, policy.labels.gpu_resource), timeout_s,
+        self.node_watch = NodeWatch(lambda: self.core, lambda n: node_info_from_json(n, policy.labels.gpu_resource),
+                                    timeout_s,
                                     OutOfService(policy.labels.gpu_node_selector, policy.labels.workflow_annotation))
 
     @property

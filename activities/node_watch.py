@@ -10,6 +10,7 @@ thousand waits cost a thousand small objects, no thread, no connection.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -34,10 +35,9 @@ TICK_S = 5.0
 class NodeWatch:
     """The latest state of every node, from one list and watch; `wait` for a node to match."""
 
-    def __init__(self, core: Callable[[], client.CoreV1Api], to_info: Callable[[Any], NodeInfo],
-                 json_to_info: Callable[[dict[str, Any]], NodeInfo], timeout_s: float,
-                 out: OutOfService) -> None:
-        self._core, self._to_info, self._json_to_info, self.timeout_s = core, to_info, json_to_info, timeout_s
+    def __init__(self, core: Callable[[], client.CoreV1Api], json_to_info: Callable[[dict[str, Any]], NodeInfo],
+                 timeout_s: float, out: OutOfService) -> None:
+        self._core, self._json_to_info, self.timeout_s = core, json_to_info, timeout_s
         self._nodes: dict[str, NodeInfo] = {}
         # When each node out of service (cordoned or NotReady) went out, as this watch saw it happen
         # (activities/out_of_service.py: what the cordon breaker counts).
@@ -93,17 +93,19 @@ class NodeWatch:
                 self._stopped.wait(1)
 
     def _list(self, core: client.CoreV1Api) -> str:
-        """Every node's state, from one list; the resourceVersion to watch from. The list's client
-        objects go once read (a 5,000-node list is tens of MB, for the watch's whole life before)."""
-        listed = core.list_node(_request_timeout=self.timeout_s)
+        """Every node's state, from one list; the resourceVersion to watch from. Read as the API's
+        JSON, as the watch's events are: the client's model objects for 5,000 nodes took seconds of
+        the worker's one interpreter at its start, while the first protective steps (the cordon
+        breaker counts from this list) waited for it. The list goes once read."""
+        listed = json.loads(core.list_node(_request_timeout=self.timeout_s, _preload_content=False).data)
         with self._lock:
-            self._nodes = {info.name: info for info in (self._to_info(n) for n in listed.items)}
+            self._nodes = {info.name: info for info in (self._json_to_info(n) for n in listed["items"])}
             # A list again after a broken watch: what changed meanwhile is seen now.
             self.out.listed(self._nodes.values(), time.monotonic(), first=not self.synced.is_set())
             everyone = list(self._waiters)
         self.synced.set()
         self._notify(everyone)
-        return str(listed.metadata.resource_version)
+        return str(listed["metadata"]["resourceVersion"])
 
     def _seen(self, info: NodeInfo) -> None:
         """A node's new state (under the lock): note when it goes out of service."""

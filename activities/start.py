@@ -23,19 +23,19 @@ from fleetmedic.errors import ErrorKind
 BUSY = (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE,
         RPCStatusCode.CANCELLED)
 
-# How long a runbook's workflow task may be out with a worker before the server gives it out again
-# (the SDK's default is 10 s; a worker that died holding one is also noticed this soon). A saturated
-# server now and then records a task as handed out to a poll that never gets it (its push of the
-# task to matching timed out meanwhile: 45 of 48 such runs in one bench/worker_scale have "Fail to
-# process task ... TransferWorkflowTask" in the server's log). bench/xid_latency and worker_scale
-# count them in every run's history: 12-67 per 1,000-2,000 runs started together. The run then
-# sits idle this long before its next step, the cordon if it was the first task. Workers held the
-# tasks they finished at most 5.6 s in those ramps (64 slots, WORKFLOW_TASK_SLOTS), and one running
-# a local activity (the protective step) is kept alive by the SDK past 80 % of this, 5.6 s. At 5 s
-# that came at 4 s, within a storm's protective steps, and the one 2,000-run measurement at 5 s had
-# 208 next steps wait out the sticky queue's 10 s (none at 7 or 10), which those extra round trips
-# would explain. The fleet guard keeps the default: its tasks take batches of requests.
-RUNBOOK_TASK_TIMEOUT = timedelta(seconds=7)
+# How long a runbook's workflow task may be out with a worker before the server gives it out again:
+# the SDK's 10 s. The clock starts when the server records the task handed out, not when the worker
+# gets it, and a busy production server takes seconds between the two: with 5,000 runs started
+# together on temporal-server with PostgreSQL (bench/worker_scale), the worker got first tasks 2.1-3.1 s
+# after the server had stamped them started, and held them 5.0-5.7 s for the protective step (a
+# local activity waiting its turn at slurmctld). At 7 s (this was 7 before 0.2.0) nearly every one of
+# those timed out, was given out again and was done again: 521 tasks thrown away in the first four
+# minutes, and 498 runs past their first task. The SDK's keep-alive of a task whose local activity
+# runs long comes at 80 % of this after the worker got it, so it too must fit in what the server's
+# delay leaves. What 10 s costs: a task a saturated server records as handed out to a poll that never
+# gets it (its push to matching timed out; tens in a thousand runs started together) leaves its run
+# idle 10 s before its next step, 3 s more than at 7. The fleet guard keeps the default as well.
+RUNBOOK_TASK_TIMEOUT = timedelta(seconds=10)
 
 
 async def start_or_attach(client: Client, workflow: str, arg: Any, *, workflow_id: str, task_queue: str,

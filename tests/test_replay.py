@@ -78,6 +78,10 @@ def test_there_are_histories_to_replay() -> None:
         # traffic runbooks started by Kueue's own admission (a pending Workload) and Workload end
         "migrate-back-stopped-mid-batch", "traffic-flip-kueue-pending-training",
         "migrate-back-kueue-training-finished",
+        # ... and the gate's opt-out read inside the workflow task (a local activity): a whole
+        # remediation, an opt-out it finds mid-run, a drain it passes after a skipped escalation
+        "xid-recovery-remediated-opt-out-in-task", "xid-recovery-opt-out-mid-run-in-task",
+        "xid-recovery-drain-blocked-skipped-opt-out-in-task",
         # 0.2.0, new runbooks: training-job failures and the suspect's trial
         "job-failures-restarted-then-trial", "job-failures-restarts-stopped", "job-failures-widespread",
         "job-failures-kubernetes-pods", "suspect-node-burn-in-passed", "suspect-node-burn-in-failed-replaced"}

@@ -48,6 +48,10 @@ PROTECT_RETRIES_SAID = "protect-retries-said"
 # A replacement's Slurm node held (DRAIN) again once its slurmd registered (0.2.0): with Slinky it
 # did not exist when the run took the new node in.
 HOLD_REGISTERED = "hold-registered-replacement"
+# The gate's opt-out read inside the workflow task that then schedules the destructive step (a local
+# activity, 0.2.0): one activity task and one workflow task fewer at each of a run's gates, and the
+# read as close to the step as it can be. 0.1.0 runs keep the activity on the task queue.
+OPT_OUT_IN_TASK = "opt-out-read-in-task"
 # A fault confirmed before a lease that took longer than this to come is confirmed again.
 RECHECK_AFTER = timedelta(minutes=1)
 
@@ -86,6 +90,7 @@ class NodeRunbookBase(Runbook):
     # status (decided in `load`, before the first local activity: docs/upgrading.md).
     protect_retries_said = False
     hold_registered = False  # since 0.2.0 (HOLD_REGISTERED)
+    opt_out_in_task = False  # since 0.2.0 (OPT_OUT_IN_TASK)
     kill_answer: KillAnswer | None = None  # the fleet guard's answer to a protective kill
     killed: tuple[SlurmJob, ...] = ()  # jobs requeued by the protective kill (their XID had killed them)
     out_since: datetime | None = None  # when the node left service (Slurm DOWN/DRAIN and cordon)
@@ -155,6 +160,7 @@ class NodeRunbookBase(Runbook):
         self.enter("load policy")
         self.protect_retries_said = workflow.patched(PROTECT_RETRIES_SAID)
         self.hold_registered = workflow.patched(HOLD_REGISTERED)
+        self.opt_out_in_task = workflow.patched(OPT_OUT_IN_TASK)
         # Local activities: the worker's own configuration, no round trip through the task queue.
         policy, context = await asyncio.gather(
             local(refs.CONFIG_POLICY, ()), local(refs.CONFIG_CONTEXT, ()))
@@ -196,7 +202,9 @@ class NodeRunbookBase(Runbook):
     async def before_destructive(self, step: str) -> OptOut:
         """The runbook base's gate with the node's opt-out: its label, or a pod's on it, read now."""
         async def node_opt_out() -> OptOut:
-            opt_out = await self.call(f"{step}: opt-out check", refs.CHECK_OPT_OUT, self.node)
+            # In the task (0.2.0): each failed try said in the run's status, as the protective step's.
+            opt_out = await self.call(f"{step}: opt-out check", refs.CHECK_OPT_OUT, self.node,
+                                      in_task=self.opt_out_in_task, retries_said=True)
             if opt_out is None:  # the operator skipped the check: treat as opted out, to be safe
                 return OptOut(opted_out=True, reasons=["opt-out check skipped by an operator"])
             return opt_out
