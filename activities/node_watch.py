@@ -94,9 +94,9 @@ class NodeWatch:
 
     def _list(self, core: client.CoreV1Api) -> str:
         """Every node's state, from one list; the resourceVersion to watch from. Read as the API's
-        JSON, as the watch's events are: the client's model objects for 5,000 nodes took seconds of
-        the worker's one interpreter at its start, while the first protective steps (the cordon
-        breaker counts from this list) waited for it. The list goes once read."""
+        JSON, as the watch's events are, not as the client's model objects: a 5,000-node fleet's
+        are built on the worker's one interpreter at its start, while the first protective steps
+        wait for this list (the cordon breaker counts from it). The list goes once read."""
         listed = json.loads(core.list_node(_request_timeout=self.timeout_s, _preload_content=False).data)
         with self._lock:
             self._nodes = {info.name: info for info in (self._json_to_info(n) for n in listed["items"])}
