@@ -72,7 +72,7 @@ def spawn(workdir: Path, name: str, argv: list[str], *, user: str | None = None,
     ended with its parent; as `user` where given (a server that refuses to run as root)."""
     log = workdir / f"{name}.log"
     popen = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=cwd or workdir,
-                             start_new_session=True, preexec_fn=die_with_parent, user=user)
+                             start_new_session=True, preexec_fn=die_with_parent(), user=user)
     return Process(name, popen, log)
 
 

@@ -9,7 +9,8 @@ import ctypes
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 try:  # loaded in the parent: a child started as another user may not be able to read Python's modules
@@ -18,14 +19,20 @@ except OSError:
     _LIBC = None
 
 
-def die_with_parent() -> None:
-    """In the child, before exec (Popen's preexec_fn): SIGTERM when what started it dies — a test run
-    or a benchmark killed by a timeout must not leave an apiserver, a slurmctld or a worker behind.
-    Linux's PR_SET_PDEATHSIG, whose parent is the thread that started the child: start one from a
-    thread that lives as long as it does (the main thread; not a pool's). Elsewhere nothing."""
+def _die_with_parent() -> None:
+    # In the child, before exec: Linux's PR_SET_PDEATHSIG (= 1). Elsewhere nothing.
     if _LIBC is not None:
         with contextlib.suppress(AttributeError):
-            _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+            _LIBC.prctl(1, signal.SIGTERM)
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """Popen's preexec_fn for a child that must end with what started it: SIGTERM to it when the
+    starter dies (a test run or a benchmark killed by a timeout must not leave an apiserver, a
+    slurmctld or a worker behind). Only from the main thread: the kernel's "parent" is the thread
+    that started the child, and one started from another thread would be stopped when that thread
+    ends (the crash-safety test's watcher starts a fresh worker, then returns)."""
+    return _die_with_parent if threading.current_thread() is threading.main_thread() else None
 
 
 class FleetMedicProcess:
@@ -46,7 +53,7 @@ class FleetMedicProcess:
             isolated = ["-P"] if self.python != sys.executable else []
             self.proc = subprocess.Popen([self.python, *isolated, "-m", "workers.cli", *self.args], env=self.env,
                                          stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd,
-                                         preexec_fn=die_with_parent)
+                                         preexec_fn=die_with_parent())
 
     def kill(self) -> None:
         """SIGKILL, as a node losing power would."""

@@ -175,7 +175,7 @@ class LocalSlurmCluster:
         log = open(self.dir / "log" / f"{name}.out", "wb")
         self.procs[name] = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "SLURM_CONF": str(self.conf), **(env or {})}, preexec_fn=die_with_parent,
+            env={**os.environ, "SLURM_CONF": str(self.conf), **(env or {})}, preexec_fn=die_with_parent(),
         )
 
     def run(self, *argv: str, check: bool = True, timeout: float = 15) -> subprocess.CompletedProcess[str]:
