@@ -129,7 +129,8 @@ class OutOfService:
     @staticmethod
     def of(nodes: Iterable[NodeInfo], since: dict[str, float], gpu_selector: str | None,
            annotation: str) -> OutOfService:
-        """Built from nodes and when each went out (tests, and what the breaker's docstring works)."""
+        """Built from nodes and when each of those out of service went out (BEFORE where `since`
+        does not say), as a watch's first list would file them: for tests of the breaker."""
         out = OutOfService(gpu_selector, annotation)
         for node in nodes:
             if node.name in since:
