@@ -62,14 +62,19 @@ class GuardView:
     breaker: BreakerState | None = None
     reset_at: datetime | None = None  # the breaker's last reset: nodes gone out before it do not count
     read_at: float = 0.0
+    # The batch signals the guard's code takes (activities/guard_batches.py): none where it does not say.
+    signals: frozenset[str] = frozenset()
 
     @staticmethod
     def from_memo(memo: Mapping[str, Any]) -> GuardView:
         fleet = memo.get(MEMO_KEY) or {}
         paused, breaker, reset = fleet.get("paused"), fleet.get("breaker"), fleet.get("breaker_reset_at")
+        signals = fleet.get("signals")
         return GuardView(paused=Operator.model_validate(paused) if paused else None,
                          breaker=BreakerState.model_validate(breaker) if breaker else None,
-                         reset_at=datetime.fromisoformat(reset) if reset else None, read_at=time.monotonic())
+                         reset_at=datetime.fromisoformat(reset) if reset else None, read_at=time.monotonic(),
+                         signals=frozenset(s for s in signals if isinstance(s, str))
+                         if isinstance(signals, list) else frozenset())
 
 
 @dataclass
@@ -106,6 +111,10 @@ class GuardViews:
                 # the node counts still bound the step
                 self.views.setdefault(cluster, GuardView(read_at=time.monotonic()))
                 log.debug("cannot read fleet-guard/%s: %s", cluster, err.message)
+
+    def forget(self, cluster: str) -> None:
+        """The guard's open run is gone: until the next read, nothing is known of it (no batches)."""
+        self.views[cluster] = GuardView(read_at=time.monotonic())
 
     async def run(self) -> None:
         while True:

@@ -207,6 +207,8 @@ async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue:
             attributes = event.workflow_execution_signaled_event_attributes
             if attributes.signal_name == "request":
                 requested.append(json.loads(attributes.input.payloads[0].data)["workflow_id"])
+            elif attributes.signal_name == "requests":  # a worker's batch (activities/guard_batches.py)
+                requested += [r["workflow_id"] for r in json.loads(attributes.input.payloads[0].data)]
         if event.HasField("signal_external_workflow_execution_initiated_event_attributes"):
             attributes = event.signal_external_workflow_execution_initiated_event_attributes
             if json.loads(attributes.input.payloads[0].data)["granted"]:
@@ -255,6 +257,16 @@ async def test_a_guard_that_continues_as_new_tells_no_holder_again(client: Clien
         assert (await guard_state(client, cluster)).holders == []
         # Every run of the guard replays (each continued-as-new one, and the one still open).
         assert await replay_guard_runs(client, cluster) >= len(runs)
+        # A run starts with its predecessor's pause and breaker (workers read them across the
+        # restart), but says it takes batches only once its own code has published that (an older
+        # worker may run its first task during a roll).
+        for run in runs:
+            started = [e async for e in client.get_workflow_handle(run.id, run_id=run.run_id).fetch_history_events()
+                       if e.HasField("workflow_execution_started_event_attributes")][0]
+            memo = started.workflow_execution_started_event_attributes.memo.fields
+            if started.workflow_execution_started_event_attributes.continued_execution_run_id:
+                fleet_memo = json.loads(memo[MEMO_KEY].data) if MEMO_KEY in memo else None
+                assert fleet_memo is not None and "paused" in fleet_memo and "signals" not in fleet_memo, fleet_memo
 
 
 async def test_a_round_of_grants_goes_out_a_batch_a_workflow_task(client: Client, task_queue: str,
@@ -295,6 +307,58 @@ async def test_a_round_of_grants_goes_out_a_batch_a_workflow_task(client: Client
                 per_task[-1] += 1
         assert max(per_task) == 4, per_task  # the resumed round filled its tasks, and no more
         assert sum(per_task) >= 1 + 21, per_task  # the first grant, then the resumed round's
+        await save_history(guard)
+        assert await replay_guard_runs(client, cluster) == 1
+
+
+async def test_a_worker_asks_a_guard_that_takes_batches_in_batches(client: Client, task_queue: str, kube: RealKube,
+                                                                   provider_http: ProviderStandIn,
+                                                                   tmp_path: Path) -> None:
+    """Once its guard's memo says it takes them, a worker's lease requests and releases go in
+    `requests` / `releases` signals, one for all it has at the moment (activities/guard_batches.py):
+    3,000 runbooks asking at once each with a signal of its own queued on the guard's lock on the
+    production server (bench/guard_throughput.py --storm). Every run is still granted once, in the
+    order the guard took the requests, and gives its lease back; the guard's answers go out without
+    it waiting for their delivery (patch guard-tells-without-waiting)."""
+    for i in range(30):
+        kube.put(fleet.node(f"gpu-{i}"))
+    policy = guard_policy(tmp_path, provider_http, max_concurrent=100, max_unavailable_fraction=1.0,
+                          guard_history_events=5000)
+    cluster = task_queue
+    guard = client.get_workflow_handle(guard_workflow_id(cluster))
+    settings = settings_for(task_queue, kube, provider=provider_http)
+    async with build_worker(client, settings, policy.serving(cluster), workflows=[FleetGuard, LeaseHolder]):
+        first = await client.start_workflow(LeaseHolder.run, args=[cluster, False], id=f"{cluster}-first",
+                                            task_queue=task_queue)
+        await asyncio.wait_for(first.result(), 60)
+        await published_to_workers(guard, lambda memo: "requests" in (memo.get("signals") or []))
+        storm = await asyncio.gather(*(client.start_workflow(LeaseHolder.run, args=[cluster, False],
+                                                             id=f"{cluster}-storm-{i}", task_queue=task_queue)
+                                       for i in range(30)))
+        await asyncio.wait_for(asyncio.gather(*(run.result() for run in storm)), 120)
+        assert await guard_when(client, cluster, lambda s: not s.holders and not s.queue, "every lease back")
+        # Counted in the guard's history: what reached it, and what it sent.
+        singles, requested, released, granted = [], [], [], []
+        async for event in guard.fetch_history_events():
+            if event.HasField("workflow_execution_signaled_event_attributes"):
+                attributes = event.workflow_execution_signaled_event_attributes
+                data = json.loads(attributes.input.payloads[0].data)
+                if attributes.signal_name in ("request", "release"):
+                    singles.append(data if isinstance(data, str) else data["workflow_id"])
+                elif attributes.signal_name == "requests":
+                    requested += [r["workflow_id"] for r in data]
+                elif attributes.signal_name == "releases":
+                    released += data
+            if event.HasField("signal_external_workflow_execution_initiated_event_attributes"):
+                attributes = event.signal_external_workflow_execution_initiated_event_attributes
+                if json.loads(attributes.input.payloads[0].data)["granted"]:
+                    granted.append(attributes.workflow_execution.workflow_id)
+        storm_ids = [run.id for run in storm]
+        assert not set(singles) & set(storm_ids), singles  # the storm's went in batches, none alone
+        # (an attempt that gave up is sent again: the guard takes a run's request once)
+        assert set(requested) == set(storm_ids) and set(released) == set(storm_ids)
+        storm_grants = [g for g in granted if g in storm_ids]
+        assert storm_grants == list(dict.fromkeys(requested))  # each once, in the order the guard took them
         await save_history(guard)
         assert await replay_guard_runs(client, cluster) == 1
 

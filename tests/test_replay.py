@@ -82,6 +82,9 @@ def test_there_are_histories_to_replay() -> None:
         # remediation, an opt-out it finds mid-run, a drain it passes after a skipped escalation
         "xid-recovery-remediated-opt-out-in-task", "xid-recovery-opt-out-mid-run-in-task",
         "xid-recovery-drain-blocked-skipped-opt-out-in-task",
+        # ... and the guard taking a worker's requests and releases in batches, its answers sent
+        # without waiting for their delivery
+        "fleet-guard-takes-batches",
         # 0.2.0, new runbooks: training-job failures and the suspect's trial
         "job-failures-restarted-then-trial", "job-failures-restarts-stopped", "job-failures-widespread",
         "job-failures-kubernetes-pods", "suspect-node-burn-in-passed", "suspect-node-burn-in-failed-replaced"}

@@ -14,6 +14,8 @@ fails here (shown with an unguarded extra timer before the lease, not committed)
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import re
 import shutil
@@ -331,3 +333,61 @@ async def test_a_run_waiting_for_an_answer_to_its_escalation(stack: Stack, upgra
     assert "past their PodDisruptionBudget: inference/frozen-0" in report.decisions[-1].result, report.decisions
     effects_once(stack, "gpu-node-0")
     await no_task_failed(handles[0])
+
+
+REPLAY = """
+import asyncio, sys
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer
+from fleetmedic.converter import data_converter
+from workflows.fleet_guard import FleetGuard
+
+async def main() -> None:
+    history = WorkflowHistory.from_json("fleet-guard/upgrade", open(sys.argv[1]).read())
+    result = await Replayer(workflows=[FleetGuard], data_converter=data_converter).replay_workflow(
+        history, raise_on_replay_failure=False)
+    print(type(result.replay_failure).__name__, result.replay_failure)
+
+asyncio.run(main())
+"""
+
+
+def without_newer_policy_keys(history: dict[str, Any]) -> int:
+    """The policy a run read, as the site's is during a roll: without the keys the previous release
+    does not know (it refuses them). Returns how many policy reads were changed."""
+    changed = 0
+    for event in history["events"]:
+        result = event.get("markerRecordedEventAttributes", {}).get("details", {}).get("result")
+        for payload in (result or {}).get("payloads", []):
+            policy = json.loads(base64.b64decode(payload["data"]))
+            if not (isinstance(policy, dict) and "budget" in policy):
+                continue
+            for section, keys in NEWER_POLICY_KEYS.items():
+                for key in keys:
+                    policy[section].pop(key, None)
+            for section in NEWER_POLICY_SECTIONS:
+                policy.pop(section, None)
+            payload["data"] = base64.b64encode(json.dumps(policy).encode()).decode()
+            changed += 1
+    return changed
+
+
+def test_the_previous_release_cannot_run_a_guard_that_takes_batches(release: Release, tmp_path: Path) -> None:
+    """The rollout rule of the guard's batch signals (workflows/fleet_guard.py BATCH_SIGNALS): a
+    worker sends `requests` / `releases` only to a guard run whose memo says it takes them, and only
+    a run whose own code published that says it. Here the previous release's code replays such a
+    run, recorded by this checkout: it must stop at the run's first patch marker (the worker's task
+    fails and is given to a new worker, the batches still in the history), not go on without a
+    handler for them."""
+    history = json.loads((ROOT / "tests/histories/fleet-guard-takes-batches.json").read_text())
+    assert without_newer_policy_keys(history) == 1
+    assert any(e.get("workflowExecutionSignaledEventAttributes", {}).get("signalName") == "requests"
+               for e in history["events"])
+    path = tmp_path / "guard.json"
+    path.write_text(json.dumps(history))
+    replayed = subprocess.run([release.python, "-P", "-c", REPLAY, str(path)], capture_output=True, text=True,
+                              timeout=120, cwd=release.root)
+    assert replayed.returncode == 0, replayed.stderr[-2000:]
+    verdict = replayed.stdout.strip().splitlines()[-1]  # (the SDK's core logs to stdout before it)
+    assert verdict.startswith("NondeterminismError"), replayed.stdout[-2000:]
+    assert "TMPRL1100" in verdict and "patch marker" in verdict, verdict

@@ -140,7 +140,7 @@ class Activities:
             SlackActivities(settings.slack_bot_token, settings.slack_channel or policy.notify.slack_channel,
                             settings.slack_api_url, shadow_channel=policy.notify.shadow_channel),
             AgentActivities(settings.agent_url, settings.agent_token, force_dry_run=dry),
-            GuardActivities(client, guard_queue(settings)),
+            GuardActivities(client, guard_queue(settings), self.views),
             KueueTrigger(client, settings.task_queue),
             TrafficHandoff(client),
             TemporalActivities(client, settings.task_queue, names),

@@ -65,6 +65,16 @@ T = TypeVar("T")
 # Since 0.2.0 the guard publishes the fleet pause and the cordon breaker in its memo (each upsert a
 # command): guards started by 0.1.0 replay without (docs/upgrading.md).
 PUBLISHES_FLEET = "guard-publishes-pause-and-breaker"
+# Since 0.2.0 the guard's answers go out without the guard waiting for each round's to be delivered
+# (a round's delivery under a storm took minutes, and no lease was granted meanwhile): guards started
+# by 0.1.0 replay with the wait (docs/upgrading.md).
+TELLS_WITHOUT_WAITING = "guard-tells-without-waiting"
+# The batch signals a guard takes (activities/guard_batches.py), said in its memo. Only a run whose
+# own code published it says it (`next_memo`), and an older worker cannot run that run's tasks: its
+# replay stops at the run's patch markers (TMPRL1100, checked with 0.1.0's code against
+# tests/histories/fleet-guard-takes-batches.json), fails the task, and a new worker takes it with the
+# batch still in the history. So a batch never reaches code without a handler for it.
+BATCH_SIGNALS = ["requests", "releases"]
 
 
 # Waiters this near the front hear every move in line.
@@ -124,6 +134,9 @@ class FleetGuard:
         # and a scan of both lists for each made the guard's work grow with their square.
         self.holding = {h.workflow_id for h in state.holders}
         self.in_line = {q.workflow_id for q in state.queue}
+        # The answers on their way, by run (TELLS_WITHOUT_WAITING): a run hears one answer at a time.
+        self.sending: dict[str, asyncio.Task[None]] = {}
+        self.backlog = False  # answers due that found no room among those on their way
 
     # --- what runbooks and operators send -----------------------------------------------------
 
@@ -142,6 +155,24 @@ class FleetGuard:
         elif request.workflow_id not in self.in_line:
             self.state.queue.append(request.model_copy(update={"requested_at": workflow.now()}))
             self.in_line.add(request.workflow_id)
+        self.dirty = True
+
+    @workflow.signal(description="Internal (workers): lease requests of many runbooks in one signal")
+    def requests(self, requests: list[LeaseRequest]) -> None:
+        for request in requests:
+            self.request(request)
+
+    @workflow.signal(description="Internal (workers): leases of many runbooks given back (or lines left) in one signal")
+    def releases(self, workflow_ids: list[str]) -> None:
+        gone = set(workflow_ids)
+        if gone & self.holding:  # one pass over each list for the whole batch, not one per run
+            self.state.holders = [h for h in self.state.holders if h.workflow_id not in gone]
+            self.holding -= gone
+        if gone & self.in_line:
+            self.state.queue = [q for q in self.state.queue if q.workflow_id not in gone]
+            self.in_line -= gone
+        for workflow_id in gone:
+            self.told.pop(workflow_id, None)
         self.dirty = True
 
     @workflow.signal(description="Internal (runbooks): ask to kill the jobs an XID already killed, before the lease")
@@ -196,6 +227,7 @@ class FleetGuard:
     async def run(self, state: GuardState) -> None:
         # Decided before the policy's local activity (docs/upgrading.md: never right after one).
         self.publishes = workflow.patched(PUBLISHES_FLEET)
+        self.tells_without_waiting = workflow.patched(TELLS_WITHOUT_WAITING)
         self.published: dict[str, Any] | None = None
         self.policy = await local(refs.CONFIG_POLICY, ())
         limit = self.policy.budget.guard_history_events
@@ -213,9 +245,10 @@ class FleetGuard:
                 await self.answer_kills()
             self.record_metrics()
             if workflow.info().is_continue_as_new_suggested() or workflow.info().get_current_history_length() > limit:
-                await workflow.wait_condition(workflow.all_handlers_finished)
+                # The answers on their way first: a run told nothing would wait for a `told` never kept.
+                await workflow.wait_condition(lambda: workflow.all_handlers_finished() and not self.sending)
                 # Everything the guard knows is in its state, what it told each runbook too.
-                workflow.continue_as_new(self.state)
+                workflow.continue_as_new(self.state, memo=self.next_memo())
 
     async def _wake(self) -> bool:
         """Until a signal changes something, or the next look: the reclaim interval, or — while runbooks
@@ -354,27 +387,63 @@ class FleetGuard:
     async def tell(self) -> None:
         """Tell each runbook what changed for it: granted, its new place in line, or the pause.
         The signals go out together (one workflow task), not one round trip after another; grants
-        first, then places in line from the front, a batch a task (`batch`)."""
+        first, then places in line from the front, a batch a task (`batch`). Since 0.2.0 the guard
+        goes on without waiting for them to be delivered (`_send`)."""
         due: list[tuple[str, int]] = [(lease.workflow_id, 0) for lease in self.state.holders
                                       if self.told.get(lease.workflow_id) != 0]
         for position, request in enumerate(self.state.queue, start=1):
             told = self.told.get(request.workflow_id)
             if told != position and worth_telling(told, position):
                 due.append((request.workflow_id, position))
-        due, _ = self.batch(due)
-        paused, breaker = self.state.paused, self.state.breaker
-        reason = f"paused by {paused.by}" if paused else "budget in use"
+        breaker = self.state.breaker
         held = {q.workflow_id for q in self.state.queue if q.breaker_held} if breaker else set()
-        why_held = (f"held by the cordon breaker, tripped {breaker.tripped_at:%H:%M:%S} ({breaker.out} of "
-                    f"{breaker.gpu_nodes} GPU nodes out, bound {breaker.bound}): a person resets it with "
-                    "`fleetmedic breaker reset`") if breaker else ""
-        delivered = await asyncio.gather(*(self._signal(workflow_id, LeaseAnswer(
-            granted=True, paused=paused, out_fraction=self.out_fraction) if position == 0 else LeaseAnswer(
-            granted=False, position=position, paused=paused, reason=why_held if workflow_id in held else reason))
-            for workflow_id, position in due))
+        if self.tells_without_waiting:
+            self._send(due, held)
+            return
+        due, _ = self.batch(due)
+        delivered = await asyncio.gather(*(self._signal(workflow_id, self.answer(position, workflow_id in held))
+                                           for workflow_id, position in due))
         for (workflow_id, position), ok in zip(due, delivered, strict=True):
             if ok:
                 self.told[workflow_id] = position
+
+    def answer(self, position: int, breaker_held: bool) -> LeaseAnswer:
+        """What the guard tells a run at `position` (0: granted); `breaker_held`: the run's protective
+        step was held by the tripped breaker."""
+        paused, breaker = self.state.paused, self.state.breaker
+        if position == 0:
+            return LeaseAnswer(granted=True, paused=paused, out_fraction=self.out_fraction)
+        reason = f"paused by {paused.by}" if paused else "budget in use"
+        if breaker is not None and breaker_held:
+            reason = (f"held by the cordon breaker, tripped {breaker.tripped_at:%H:%M:%S} ({breaker.out} of "
+                      f"{breaker.gpu_nodes} GPU nodes out, bound {breaker.bound}): a person resets it with "
+                      "`fleetmedic breaker reset`")
+        return LeaseAnswer(granted=False, position=position, paused=paused, reason=reason)
+
+    def _send(self, due: list[tuple[str, int]], held: set[str]) -> None:
+        """The answers due, without waiting for them: each is delivered while the guard grants more.
+        Under a storm a round's deliveries took minutes (each waits for the guard's lock on the
+        server behind thousands of requests), and the guard waiting for them granted nothing meanwhile
+        (bench/guard_throughput.py --storm). At most `budget.guard_signals_per_task` are on their way
+        at once — commands a task, and the server's limit on a workflow's pending signals (2,000) —
+        and a run hears one answer at a time; those left wait for room (`_sent`)."""
+        assert self.policy is not None
+        room = self.policy.budget.guard_signals_per_task - len(self.sending)
+        due = [(workflow_id, position) for workflow_id, position in due if workflow_id not in self.sending]
+        self.backlog = len(due) > room
+        for workflow_id, position in due[:max(room, 0)]:
+            answer = self.answer(position, workflow_id in held)
+            self.sending[workflow_id] = asyncio.create_task(self._sent(workflow_id, position, answer))
+
+    async def _sent(self, workflow_id: str, position: int, answer: LeaseAnswer) -> None:
+        try:
+            if await self._signal(workflow_id, answer) and (
+                    workflow_id in self.holding or workflow_id in self.in_line):
+                self.told[workflow_id] = position  # not for a run that left meanwhile: `told` is kept
+        finally:
+            del self.sending[workflow_id]
+        if self.backlog or (position != 0 and workflow_id in self.holding):
+            self.dirty = True  # room for the answers left, or this run was granted while told its place
 
     def publish(self) -> None:
         """The pause and the breaker in the guard's memo, when they changed: every worker reads them
@@ -382,10 +451,22 @@ class FleetGuard:
         reset = self.state.breaker_reset_at
         fleet = {"paused": self.state.paused.model_dump(mode="json") if self.state.paused else None,
                  "breaker": self.state.breaker.model_dump(mode="json", exclude={"held"}) if self.state.breaker
-                 else None, "breaker_reset_at": reset.isoformat() if reset else None}
+                 else None, "breaker_reset_at": reset.isoformat() if reset else None,
+                 "signals": BATCH_SIGNALS}
         if fleet != self.published:
             workflow.upsert_memo({"fleet": fleet})
             self.published = fleet
+
+    def next_memo(self) -> dict[str, Any] | None:
+        """The memo the next run starts with: this one's pause and breaker, but not the batch signals.
+        The server starts a continued run with no memo unless it is given one, and every worker would
+        read "not paused, no breaker" until the new run's first round published again. The batch
+        signals stay out: during a roll an older worker may run the next run's first task, that run
+        never publishes, and an inherited "signals" would have new workers send it batches it has no
+        handler for. None (no memo) for runs that never publish."""
+        if not self.publishes or self.published is None:
+            return None
+        return {"fleet": {key: value for key, value in self.published.items() if key != "signals"}}
 
     def batch(self, signals: list[T]) -> tuple[list[T], list[T]]:
         """The signals this workflow task sends, and those left for the next round (which comes at
