@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowHandle
+from temporalio.exceptions import CancelledError
 
 from devstack import fleet
 from devstack.kube_world import RealKube
@@ -22,6 +23,7 @@ from tests.gate_check import scheduled as called
 from tests.harness import CHECKPOINTING_JOB, job_on, quick_policy, settings_for, until_quiet, worker_for
 from tests.runbook_stack import Stack, status_when
 from workers.audit import local_activity, render_markdown, timeline
+from workflows import runbook
 
 
 @pytest.mark.temporal_production
@@ -191,6 +193,29 @@ async def test_a_protective_step_out_of_retries_escalates_and_retry_goes_on(stac
     assert any(d.step == "protect" and d.result == "bob answered retry" for d in report.decisions)
     assert any("@oncall" in m["text"] and "*protect* failed after its retries" in m["text"]
                for m in stack.slack.messages)
+
+
+async def test_a_protective_step_the_worker_cancelled_is_tried_again(stack: Stack,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run never cancels its local activities, but the SDK's core resolved one as cancelled under
+    load (5,000 runs on temporal-server: the protective step of a workflow-task attempt the server
+    had given up on came back "Cancelled" in the next attempt), and the run failed with it. Here
+    its first try resolves cancelled, as it did there: a failed try, said in the run's decisions,
+    then tried again, and the repair goes on."""
+    real, cancelled = runbook.local, []
+
+    async def local(activity: Any, arg: Any, **options: Any) -> Any:
+        if activity.name == "protect.node" and not cancelled:
+            cancelled.append(activity.name)
+            raise CancelledError("Cancelled")  # what the workflow received there
+        return await real(activity, arg, **options)
+
+    monkeypatch.setattr(runbook, "local", local)
+    report, _ = await stack.run("gpu-node-0")
+    assert cancelled == ["protect.node"]
+    assert report.outcome == "remediated", report.decisions
+    assert any(d.step == "protect" and d.result.startswith("try 1 failed: Cancelled: protect.node was cancelled "
+                                                           "by the worker") for d in report.decisions), report.decisions
 
 
 async def test_slurm_controller_down_for_a_while(stack: Stack) -> None:
