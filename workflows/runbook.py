@@ -448,12 +448,13 @@ class Runbook:
     @staticmethod
     async def local_once(activity: Activity[In, Out], arg: In, options: dict[str, Any]) -> Out:
         """A local activity; one the worker cancelled is a failed try, never the run's end. A run
-        never cancels its local activities, but under load the SDK's core resolved one as cancelled:
-        5,000 runs started together on temporal-server (bench/worker_scale), a first workflow task
-        attempted again after the server had given up on the attempt before, and the protective
-        step of the attempt before, stopped mid-call to kube-apiserver, came back "Cancelled" in the
-        new attempt. It raised out of the run, which failed with the node cordoned and nobody told
-        (8 of 5,000 runs). As a failed try it is tried again (or escalated), like any other."""
+        never cancels its local activities (an operator's cancel of the run arrives as asyncio's
+        CancelledError, not caught here), but under load the SDK's core resolved one as cancelled:
+        with 5,000 runs started together on temporal-server (bench/worker_scale), a first workflow
+        task completed with its protective step "Cancelled" mid-call to kube-apiserver — most likely
+        the step of an attempt the server had given up on, handed to the next attempt. It raised out
+        of the run, which failed with the node cordoned and nobody told (8 of 5,000 runs). As a
+        failed try it is tried again (or escalated), like any other."""
         try:
             return await local(activity, arg, **options)
         except CancelledError as err:
