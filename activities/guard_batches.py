@@ -41,7 +41,7 @@ class Batch(Generic[T]):
         self.send, self.most = send, most
         self.waiting: list[tuple[T, asyncio.Future[None]]] = []
         self.sender: asyncio.Task[None] | None = None
-        self.signals = 0  # signals sent, for the tests and the benchmark
+        self.signals = 0  # signals taken (the tests read it)
 
     async def add(self, item: T, timeout_s: float, what: str) -> None:
         """Until the signal carrying `item` was taken, or `timeout_s`: then the attempt fails, retryable,

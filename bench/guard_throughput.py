@@ -68,7 +68,9 @@ FLOOR_QUEUE = "bench-floor"
 
 @workflow.defn(name="lease-probe", sandboxed=False)
 class LeaseProbe:
-    """What a runbook does with the guard, and nothing else."""
+    """What a runbook does with the guard, and nothing else. `floor`: the same steps, signal and timer,
+    whose lease needs no guard — each probe's own activity signals its grant (bench/floor.py's
+    like-for-like rule): what the storm costs the server without the guard."""
 
     def __init__(self) -> None:
         self.answer: LeaseAnswer | None = None
@@ -77,24 +79,21 @@ class LeaseProbe:
     def lease(self, answer: LeaseAnswer) -> None:
         self.answer = answer
 
-    REQUEST, RELEASE = "guard.request", "guard.release"
-
     @workflow.run
-    async def run(self, cluster: str, hold_s: float = 0) -> float:
-        return await self.probe(cluster, hold_s)
-
-    async def probe(self, cluster: str, hold_s: float) -> float:
+    async def run(self, cluster: str, hold_s: float = 0, floor: bool = False) -> float:
+        request, release = ("bench.grant_myself", "bench.release_myself") if floor else ("guard.request",
+                                                                                          "guard.release")
         me = workflow.info().workflow_id
         asked = workflow.now()
         # As a runbook's step: a refused attempt is tried again, a bounded number of times.
         retry = RetryPolicy(maximum_attempts=20, maximum_interval=timedelta(seconds=10))
-        await workflow.execute_activity(self.REQUEST, args=[cluster, LeaseRequest(workflow_id=me, node=me)],
+        await workflow.execute_activity(request, args=[cluster, LeaseRequest(workflow_id=me, node=me)],
                                         start_to_close_timeout=timedelta(seconds=30), retry_policy=retry)
         await workflow.wait_condition(lambda: self.answer is not None and self.answer.granted)
         waited = (workflow.now() - asked).total_seconds()
         if hold_s:
             await workflow.sleep(hold_s)
-        await workflow.execute_activity(self.RELEASE, args=[cluster, me],
+        await workflow.execute_activity(release, args=[cluster, me],
                                         start_to_close_timeout=timedelta(seconds=30), retry_policy=retry)
         return waited
 
@@ -108,22 +107,6 @@ async def grant_myself(cluster: str, request: LeaseRequest) -> None:
 @activity.defn(name="bench.release_myself")
 async def release_myself(cluster: str, workflow_id: str) -> None:
     """The floor's release: nothing to give back."""
-
-
-@workflow.defn(name="floor-probe", sandboxed=False)
-class FloorProbe(LeaseProbe):
-    """A probe whose lease needs no guard: the same steps, signal and timer, each run on its own
-    (bench/floor.py's like-for-like rule): what the storm costs the server without the guard."""
-
-    REQUEST, RELEASE = "bench.grant_myself", "bench.release_myself"
-
-    @workflow.signal
-    def lease(self, answer: LeaseAnswer) -> None:
-        self.answer = answer
-
-    @workflow.run
-    async def run(self, cluster: str, hold_s: float = 0) -> float:
-        return await self.probe(cluster, hold_s)
 
 
 class Refusals:
@@ -175,16 +158,19 @@ async def probes(client: Client, count_: int, concurrent: int, cluster: str,
     return list(waits), time.monotonic() - began
 
 
-async def storm_of(client: Client, kind: str, queue: str, cluster: str, size: int, hold_s: float,
+async def storm_of(client: Client, floor: bool, cluster: str, size: int, hold_s: float,
                    deadline_s: float) -> dict[str, Any]:
-    """`size` probes of `kind` started together: seconds until every one has closed (asked, been
-    granted, held and given back its lease), counted in visibility, as an operator would."""
+    """`size` probes started together (`floor`: the probes that need no guard): seconds until every
+    one has closed (asked, been granted, held and given back its lease), counted in visibility, as
+    an operator would."""
+    name, queue = ("floor", FLOOR_QUEUE) if floor else ("guard", QUEUE)
     began = time.monotonic()
     for first in range(0, size, 200):
-        await asyncio.gather(*(client.start_workflow(kind, args=[cluster, hold_s], id=f"{kind}-storm-{i}",
-                                                     task_queue=queue) for i in range(first, min(size, first + 200))))
+        await asyncio.gather(*(client.start_workflow("lease-probe", args=[cluster, hold_s, floor],
+                                                     id=f"{name}-storm-{i}", task_queue=queue)
+                               for i in range(first, min(size, first + 200))))
     started_s = time.monotonic() - began
-    query = f'WorkflowType = "{kind}" AND WorkflowId STARTS_WITH "{kind}-storm-" AND ExecutionStatus = "Completed"'
+    query = f'WorkflowType = "lease-probe" AND WorkflowId STARTS_WITH "{name}-storm-" AND ExecutionStatus = "Completed"'
     done = 0
     while time.monotonic() - began < deadline_s:
         done = await count(client, query)
@@ -198,17 +184,17 @@ async def storm_of(client: Client, kind: str, queue: str, cluster: str, size: in
 
 async def storm(client: Client, cluster: str, size: int, hold_s: float, refusals: Refusals,
                 deadline_s: float, server_cpu: Callable[[], float]) -> dict[str, Any]:
-    """The floor's storm (FloorProbe: no guard), then the guard's. The guard is there already, as a
-    cluster's is after its first incident (it never ends)."""
+    """The floor's storm (no guard), then the guard's. The guard is there already, as a cluster's is
+    after its first incident (it never ends)."""
     cpu = server_cpu()
-    async with Worker(client, task_queue=FLOOR_QUEUE, workflows=[FloorProbe],
+    async with Worker(client, task_queue=FLOOR_QUEUE, workflows=[LeaseProbe],
                       activities=[grant_myself, release_myself]):
-        floor = await storm_of(client, "floor-probe", FLOOR_QUEUE, cluster, size, hold_s, deadline_s)
+        floor = await storm_of(client, True, cluster, size, hold_s, deadline_s)
     floor["temporal_cpu_s"] = round(server_cpu() - cpu, 1)
     guard = client.get_workflow_handle(guard_workflow_id(cluster))
     grants = (await guard.query("state", result_type=GuardState)).grants
     refused, sent, cpu = refusals.count, dict(refusals.sent), server_cpu()
-    fleetmedic = await storm_of(client, "lease-probe", QUEUE, cluster, size, hold_s, deadline_s)
+    fleetmedic = await storm_of(client, False, cluster, size, hold_s, deadline_s)
     fleetmedic["temporal_cpu_s"] = round(server_cpu() - cpu, 1)
     fleetmedic.update({
         "leases_granted": (await guard.query("state", result_type=GuardState)).grants - grants,

@@ -42,7 +42,7 @@ from fleetmedic.models import (
 )
 from tests.harness import quick_policy, settings_for, worker_for
 from tests.runbook_stack import fleetmedic_cli, save_history, status_when
-from workers.worker import build_worker
+from workers.worker import FleetWorker, build_worker
 from workflows.fleet_guard import NEAR, FleetGuard, worth_telling
 
 
@@ -108,6 +108,17 @@ class LeaseHolder:
             await workflow.wait_condition(lambda: self.answers[-1].reason == "done")
         await workflow.execute_activity("guard.release", args=[cluster, me],
                                         start_to_close_timeout=timedelta(seconds=30))
+
+
+def open_budget_worker(client: Client, task_queue: str, kube: RealKube, provider: ProviderStandIn, tmp_path: Path,
+                       nodes: int, **budget: Any) -> FleetWorker:
+    """A worker of the guard and LeaseHolder over `nodes` GPU nodes, whose budget admits every lease
+    at once: for tests of the guard's own workings (its history, its signals), not of its limits."""
+    for i in range(nodes):
+        kube.put(fleet.node(f"gpu-{i}"))
+    policy = guard_policy(tmp_path, provider, max_concurrent=100, max_unavailable_fraction=1.0, **budget)
+    return build_worker(client, settings_for(task_queue, kube, provider=provider), policy.serving(task_queue),
+                        workflows=[FleetGuard, LeaseHolder])
 
 
 async def guard_state(client: Client, cluster: str) -> GuardState:
@@ -230,13 +241,8 @@ async def test_a_guard_that_continues_as_new_tells_no_holder_again(client: Clien
     continue-as-new cost two history events each: with 1,000 holders and a limit of 2,000 events the
     guard continued-as-new again at once, and re-told them all, in a loop. Here 30 holders against a
     limit of 50 events."""
-    for i in range(40):
-        kube.put(fleet.node(f"gpu-{i}"))
-    policy = guard_policy(tmp_path, provider_http, max_concurrent=100, max_unavailable_fraction=1.0,
-                          guard_history_events=50)
     cluster = task_queue
-    settings = settings_for(task_queue, kube, provider=provider_http)
-    async with build_worker(client, settings, policy.serving(cluster), workflows=[FleetGuard, LeaseHolder]):
+    async with open_budget_worker(client, task_queue, kube, provider_http, tmp_path, 40, guard_history_events=50):
         holders = [await client.start_workflow(LeaseHolder.run, args=[cluster, True], id=f"{cluster}-holder-{i}",
                                                task_queue=task_queue) for i in range(30)]
         await guard_counts(client, cluster, 30, "holders", "holders")
@@ -278,14 +284,10 @@ async def test_a_round_of_grants_goes_out_a_batch_a_workflow_task(client: Client
     (bench/worker_scale.py) once had the guard send a round's thousands in one task: it ran past the
     SDK's 2 s deadlock timeout, failed again on every retry and replay, and no lease came again.
     Here 21 grants in one round (a pause lifted over a line of 20), at most 4 signals a task."""
-    for i in range(30):
-        kube.put(fleet.node(f"gpu-{i}"))
-    policy = guard_policy(tmp_path, provider_http, max_concurrent=100, max_unavailable_fraction=1.0,
-                          guard_history_events=5000, guard_signals_per_task=4)
     cluster = task_queue
     guard = client.get_workflow_handle(guard_workflow_id(cluster))
-    settings = settings_for(task_queue, kube, provider=provider_http)
-    async with build_worker(client, settings, policy.serving(cluster), workflows=[FleetGuard, LeaseHolder]):
+    async with open_budget_worker(client, task_queue, kube, provider_http, tmp_path, 30, guard_history_events=5000,
+                                  guard_signals_per_task=4):
         first = await client.start_workflow(LeaseHolder.run, args=[cluster, True], id=f"{cluster}-holder-first",
                                             task_queue=task_queue)
         await guard_counts(client, cluster, 1, "holders", "holders")
@@ -320,14 +322,9 @@ async def test_a_worker_asks_a_guard_that_takes_batches_in_batches(client: Clien
     production server (bench/guard_throughput.py --storm). Every run is still granted once, in the
     order the guard took the requests, and gives its lease back; the guard's answers go out without
     it waiting for their delivery (patch guard-tells-without-waiting)."""
-    for i in range(30):
-        kube.put(fleet.node(f"gpu-{i}"))
-    policy = guard_policy(tmp_path, provider_http, max_concurrent=100, max_unavailable_fraction=1.0,
-                          guard_history_events=5000)
     cluster = task_queue
     guard = client.get_workflow_handle(guard_workflow_id(cluster))
-    settings = settings_for(task_queue, kube, provider=provider_http)
-    async with build_worker(client, settings, policy.serving(cluster), workflows=[FleetGuard, LeaseHolder]):
+    async with open_budget_worker(client, task_queue, kube, provider_http, tmp_path, 30, guard_history_events=5000):
         first = await client.start_workflow(LeaseHolder.run, args=[cluster, False], id=f"{cluster}-first",
                                             task_queue=task_queue)
         await asyncio.wait_for(first.result(), 60)

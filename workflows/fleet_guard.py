@@ -184,14 +184,7 @@ class FleetGuard:
 
     @workflow.signal(description="Internal (runbooks): give a lease back, or leave the line")
     def release(self, workflow_id: str) -> None:
-        if workflow_id in self.holding:
-            self.state.holders = [h for h in self.state.holders if h.workflow_id != workflow_id]
-            self.holding.discard(workflow_id)
-        if workflow_id in self.in_line:
-            self.state.queue = [q for q in self.state.queue if q.workflow_id != workflow_id]
-            self.in_line.discard(workflow_id)
-        self.told.pop(workflow_id, None)
-        self.dirty = True
+        self.releases([workflow_id])
 
     @workflow.signal(description='Pause the fleet: no new lease, every runbook holds before its next destructive '
                                   'step (recovery goes on): {"by": "alice", "reason": "..."} — `fleetmedic pause`')
