@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 from temporalio import activity, workflow
+from temporalio.api.enums.v1 import WorkflowTaskFailedCause
 from temporalio.client import Client, WorkflowHandle
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Replayer
@@ -43,7 +44,11 @@ from fleetmedic.models import (
 from tests.harness import quick_policy, settings_for, worker_for
 from tests.runbook_stack import fleetmedic_cli, save_history, status_when
 from workers.worker import FleetWorker, build_worker
+from workflows import runbook
 from workflows.fleet_guard import NEAR, FleetGuard, worth_telling
+
+# The server fails a task that completes a run while a signal it has not shown arrived meanwhile.
+UNHANDLED_COMMAND = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
 
 
 def guard_policy(tmp_path: Path, provider: ProviderStandIn, **budget: Any):  # type: ignore[no-untyped-def]
@@ -273,6 +278,70 @@ async def test_a_guard_that_continues_as_new_tells_no_holder_again(client: Clien
             if started.workflow_execution_started_event_attributes.continued_execution_run_id:
                 fleet_memo = json.loads(memo[MEMO_KEY].data) if MEMO_KEY in memo else None
                 assert fleet_memo is not None and "paused" in fleet_memo and "signals" not in fleet_memo, fleet_memo
+
+
+async def test_a_continued_guard_whose_policy_read_the_worker_cancels_keeps_its_holders(
+        client: Client, task_queue: str, kube: RealKube, provider_http: ProviderStandIn, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under load the SDK's core resolved a local activity as cancelled, though no run cancels one
+    (bench/worker_scale, 5,000 runs on temporal-server). The guard reads its policy so at the start
+    of every continued run: failing that run there would lose its holders and its line, and the next
+    request would start an empty guard that lets a second wave past the budget. A read cancelled
+    twice is asked again in the same task; one cancelled every time fails the workflow task, which
+    the server hands out again, and the run goes on with its holders."""
+    real, cancels = runbook.local, {"left": 0, "seen": 0}
+
+    async def local(activity: Any, arg: Any, **options: Any) -> Any:
+        if activity.name == "config.policy" and cancels["left"]:
+            cancels["left"] -= 1
+            cancels["seen"] += 1
+            raise CancelledError("Cancelled")  # what the workflow received there
+        return await real(activity, arg, **options)
+
+    monkeypatch.setattr(runbook, "local", local)
+    cluster = task_queue
+
+    async def guard_runs() -> list[Any]:
+        return [w async for w in client.list_workflows(f'WorkflowId = "{guard_workflow_id(cluster)}"')]
+
+    async def failed_tasks() -> list[str]:
+        """The failed workflow tasks of every run of the guard, from their histories, but those the
+        server failed for a signal that came while the task continued the run as new (it hands the
+        task out again to hear it first: the run's own workings, not this test's)."""
+        return [e.workflow_task_failed_event_attributes.failure.message for r in await guard_runs()
+                async for e in client.get_workflow_handle(r.id, run_id=r.run_id).fetch_history_events()
+                if e.HasField("workflow_task_failed_event_attributes")
+                and e.workflow_task_failed_event_attributes.cause != UNHANDLED_COMMAND]
+
+    async def continue_the_guard(tag: str, cancelled: int) -> None:
+        """Lease traffic until the guard has continued-as-new, its first policy read cancelled `cancelled` times."""
+        runs, cancels["left"], cancels["seen"] = len(await guard_runs()), cancelled, 0
+        passing = [await client.start_workflow(LeaseHolder.run, args=[cluster, False], id=f"{cluster}-{tag}-{i}",
+                                               task_queue=task_queue) for i in range(20)]
+        await asyncio.wait_for(asyncio.gather(*(p.result() for p in passing)), 120)
+        assert len(await guard_runs()) > runs, "the guard should have continued-as-new"
+        assert cancels == {"left": 0, "seen": cancelled}, cancels
+
+    async with open_budget_worker(client, task_queue, kube, provider_http, tmp_path, 40, guard_history_events=50):
+        holders = [await client.start_workflow(LeaseHolder.run, args=[cluster, True], id=f"{cluster}-holder-{i}",
+                                               task_queue=task_queue) for i in range(10)]
+        await guard_counts(client, cluster, 10, "holders", "holders")
+
+        await continue_the_guard("twice", runbook.CONFIGURATION_TRIES - 1)
+        assert await failed_tasks() == [], "a read asked again in its task fails no task"
+
+        await continue_the_guard("always", runbook.CONFIGURATION_TRIES)
+        failed = await failed_tasks()
+        assert len(failed) == 1 and "the worker cancelled this local activity 3 times" in failed[0], failed
+
+        # Counted from the server: no run of the guard failed, and the open one has every holder.
+        assert {r.status.name for r in await guard_runs()} <= {"RUNNING", "CONTINUED_AS_NEW"}
+        assert sorted(h.workflow_id for h in (await guard_state(client, cluster)).holders) == sorted(
+            h.id for h in holders)
+        for holder in holders:
+            await holder.signal(LeaseHolder.done)
+        await asyncio.wait_for(asyncio.gather(*(h.result() for h in holders)), 120)
+        assert (await guard_state(client, cluster)).holders == []
 
 
 async def test_a_round_of_grants_goes_out_a_batch_a_workflow_task(client: Client, task_queue: str,

@@ -54,7 +54,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from fleetmedic.policy import Policy
 
-from workflows.runbook import bounded_retry, execute, local
+from workflows.runbook import bounded_retry, configuration, execute
 
 # How long a count of the fleet's out-of-service nodes is reused. Leases are always counted
 # fresh; only nodes that went NotReady or were cordoned by others in the last seconds can be missed.
@@ -222,7 +222,7 @@ class FleetGuard:
         self.publishes = workflow.patched(PUBLISHES_FLEET)
         self.tells_without_waiting = workflow.patched(TELLS_WITHOUT_WAITING)
         self.published: dict[str, Any] | None = None
-        self.policy = await local(refs.CONFIG_POLICY, ())
+        self.policy = await configuration(refs.CONFIG_POLICY)
         limit = self.policy.budget.guard_history_events
         while True:
             woke = await self._wake()

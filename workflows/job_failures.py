@@ -37,7 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic.policy import Policy
     from fleetmedic.training_time import JobTrack, account
 
-from workflows.runbook import bounded_retry, describe_failure, execute, local
+from workflows.runbook import bounded_retry, configuration, describe_failure, execute
 
 # The state is the continue-as-new input, and Temporal refuses a payload past 2 MB: each part is
 # bounded to keep the whole well under 1 MB.
@@ -139,8 +139,8 @@ class JobFailures:
 
     @workflow.run
     async def run(self, state: JobFailuresState) -> None:
-        self.policy = await local(refs.CONFIG_POLICY, ())
-        self.context = await local(refs.CONFIG_CONTEXT, ())
+        self.policy = await configuration(refs.CONFIG_POLICY)
+        self.context = await configuration(refs.CONFIG_CONTEXT)
         crash = self.policy.crash
         while True:
             try:

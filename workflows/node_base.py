@@ -17,7 +17,7 @@ from temporalio import workflow
 from temporalio.common import MetricMeter, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError
 
-from workflows.runbook import DryRunEnded, Runbook, RunbookAborted, execute, input_error, local
+from workflows.runbook import DryRunEnded, Runbook, RunbookAborted, configuration, execute, input_error
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
@@ -163,7 +163,7 @@ class NodeRunbookBase(Runbook):
         self.opt_out_in_task = workflow.patched(OPT_OUT_IN_TASK)
         # Local activities: the worker's own configuration, no round trip through the task queue.
         policy, context = await asyncio.gather(
-            local(refs.CONFIG_POLICY, ()), local(refs.CONFIG_CONTEXT, ()))
+            configuration(refs.CONFIG_POLICY), configuration(refs.CONFIG_CONTEXT))
         self.policy, self.context = shared(Policy.model_validate(policy)), RunContext.model_validate(context)
         served = self.policy.routing.served_clusters
         if self.cluster not in served:

@@ -31,7 +31,7 @@ with workflow.unsafe.imports_passed_through():
 
     from fleetmedic import activity_refs as refs
     from fleetmedic import ids
-    from fleetmedic.activity_refs import Activity
+    from fleetmedic.activity_refs import Activity, NoArgs
     from fleetmedic.details import current_details
     from fleetmedic.errors import NON_RETRYABLE, validation_errors
     from fleetmedic.models import (
@@ -65,6 +65,12 @@ NOTIFY_RETRY = RetryPolicy(maximum_attempts=2)
 SHORT = timedelta(seconds=30)
 # A step that evicts while it waits hears an abort within 0.8 × this (runbook.evicting_heartbeat).
 EVICTING_HEARTBEAT = timedelta(seconds=10)
+CONFIGURATION_TRIES = 3  # a configuration read the worker cancelled, tried again in the same task
+
+
+class ConfigurationCancelled(RuntimeError):
+    """The worker's configuration could not be read in this workflow task (`configuration`). Not a
+    Temporal failure: it fails the task, which the server gives to a worker again, not the run."""
 
 
 class RunbookAborted(Exception):
@@ -349,7 +355,7 @@ class Runbook:
         """The worker's policy (a local activity: no round trip through the task queue), shadow mode
         when it says so, and the run's search attributes."""
         self.enter("load policy")
-        self.policy = shared(Policy.model_validate(await local(refs.CONFIG_POLICY, ())))
+        self.policy = shared(Policy.model_validate(await configuration(refs.CONFIG_POLICY)))
         if self.policy.shadow.enabled_for(self.runbook) and not self.dry_run:
             self.dry_run = True
             self.decide("load policy", f"shadow mode for {self.runbook} (policy): nothing will be changed")
@@ -654,6 +660,24 @@ def local(activity: Activity[In, Out], arg: In, **options: Any) -> Awaitable[Out
     options.setdefault("start_to_close_timeout", timedelta(seconds=10))
     return workflow.execute_local_activity(activity.name, args=activity.args(arg), result_type=activity.result,
                                            **options)
+
+
+async def configuration(activity: Activity[NoArgs, Out]) -> Out:
+    """The worker's configuration (its policy, its context): a local activity, the first step of every
+    run, and of every continued run of the fleet guard and the job-failures listener. Under load the
+    SDK's core resolved a local activity as cancelled though no run cancels one (`Runbook.local_once`);
+    here that would fail the run before it did anything, and a failed guard loses its holders and its
+    line, so the next request starts an empty one that lets a second wave past the budget. A read the
+    worker cancelled is asked again, at most CONFIGURATION_TRIES times in the task; then the task
+    fails (ConfigurationCancelled), and the server gives it to a worker again: the run is kept."""
+    for _ in range(CONFIGURATION_TRIES):
+        try:
+            return await local(activity, ())
+        except CancelledError:
+            workflow.logger.warning("%s: the worker cancelled the local activity; asking again", activity.name)
+    raise ConfigurationCancelled(f"{activity.name}: the worker cancelled this local activity {CONFIGURATION_TRIES} "
+                                 "times in one workflow task; the task fails and the server gives it to a worker "
+                                 "again")
 
 
 def bounded_retry(policy: Policy | None, kind: str = "reads") -> RetryPolicy:
