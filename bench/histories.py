@@ -5,8 +5,10 @@ bookkeeping, after the timed part of a benchmark."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType, TimeoutType
@@ -43,7 +45,7 @@ def activity_timeout(event: HistoryEvent, scheduled: dict[int, str]) -> str:
     return f"{scheduled.get(started.scheduled_event_id, '?')}: {timeout.removeprefix('TIMEOUT_TYPE_').lower()}"
 
 
-async def timed_out_tasks(client: Client, query: str) -> dict[str, Any]:
+async def timed_out_tasks(client: Client, query: str, server_log: Path | None = None) -> dict[str, Any]:
     """Tasks that timed out in every run `query` lists, by kind. A workflow task handed out and never
     done (start-to-close) went to a poll and no worker ran it: the run sat idle for its whole
     workflow-task timeout before the task was given out again. A sticky task not picked up
@@ -51,7 +53,8 @@ async def timed_out_tasks(client: Client, query: str) -> dict[str, Any]:
     (10 s), then went back to the shared queue. An activity attempt that timed out (its retry's
     started event carries the failure) is counted whatever the cause. And how long the workflow
     tasks that were done were held, from hand-out to done: what a workflow-task timeout must allow
-    for, lest a task the worker is running be given out again."""
+    for, lest a task the worker is running be given out again. With the server's log (temporal-server's
+    JSON lines), what it says of the runs that lost a workflow task (`server_says`)."""
     ids = [w.id async for w in client.list_workflows(query)]
     gate = asyncio.Semaphore(16)
     # Apart: tasks that ran a local activity (the protective step), which the SDK keeps alive past
@@ -59,6 +62,7 @@ async def timed_out_tasks(client: Client, query: str) -> dict[str, Any]:
     # is done at 80 % without its local activity's marker, and counts among the others).
     held: dict[bool, list[float]] = {True: [], False: []}
     activities: Counter[str] = Counter()
+    lost: set[str] = set()
 
     async def timeouts(workflow_id: str) -> list[str]:
         handed_out: dict[int, float] = {}
@@ -85,6 +89,7 @@ async def timed_out_tasks(client: Client, query: str) -> dict[str, Any]:
                     if kind == ACTIVITY_TIMED_OUT:
                         activities[activity_timeout(event, scheduled)] += 1
                     if kind == LOST:  # to set beside the server's log, which names the run
+                        lost.add(workflow_id)
                         print(f"lost workflow task: {workflow_id}, timed out at {event.event_time.ToJsonString()}",
                               file=sys.stderr)
             if last is not None:
@@ -96,7 +101,29 @@ async def timed_out_tasks(client: Client, query: str) -> dict[str, Any]:
     return {"runs": len(ids), **{name: sum(f.count(name) for f in found) for name in names},
             "activity_attempts_timed_out_by_type": dict(activities.most_common()),
             "runs_with_a_lost_workflow_task": sum(1 for f in found if LOST in f),
+            **({"server_says_of_runs_that_lost_one": server_says(server_log, lost)} if server_log else {}),
             "workflow_tasks_done": {"with_a_local_activity": spread(held[True]), "others": spread(held[False])}}
+
+
+def server_says(log: Path, runs: set[str]) -> dict[str, Any]:
+    """What temporal-server's own log (JSON lines, warn and above) says of `runs`: its lines that
+    name one of them, counted by message, queue task and error. A task handed out and never done is
+    the server's loss, not the worker's, when the server logged failing to hand it out."""
+    said: Counter[str] = Counter()
+    named: set[str] = set()
+    with log.open(errors="replace") as lines:
+        for line in lines:
+            if '"wf-id"' not in line:
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("wf-id") in runs:
+                named.add(entry["wf-id"])
+                what = (entry.get("msg"), entry.get("queue-task-type"), entry.get("error-type") or entry.get("error"))
+                said[": ".join(str(part) for part in what if part)] += 1
+    return {"runs": len(runs), "runs_it_names": len(named), "lines": dict(said.most_common())}
 
 
 def spread(held: list[float]) -> dict[str, Any]:

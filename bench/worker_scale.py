@@ -87,7 +87,7 @@ async def on(server: str, runs: int, deadline_s: float, hold_s: float, wait_hear
         rss = peak_rss_mib(world.worker_pid())
         closed = await count(world.client, CLOSED)
         log = world.worker.log.read_text(errors="replace")
-        tasks = await timed_out_tasks(world.client, f'FleetCluster = "{CLUSTER}"')
+        tasks = await timed_out_tasks(world.client, f'FleetCluster = "{CLUSTER}"', world.server_log())
     pool_warnings = log.count("Connection pool is full")
     kept = re.search(r"keeps up to (\d+) runs in memory", log)
     return {

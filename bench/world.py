@@ -272,6 +272,11 @@ class BenchWorld:
             raise SystemExit(json.dumps({"error": "the Temporal dev server printed no metrics address"}))
         return found[1]
 
+    def server_log(self) -> Path | None:
+        """temporal-server's log (JSON lines, warn and above) on the production server; None on the
+        dev server, whose log is not read."""
+        return self.production.server_log if self.temporal_kind == "production" else None
+
     def temporal_cpu(self) -> float:
         """CPU seconds so far of the Temporal server: the dev server's process, or temporal-server
         and PostgreSQL (every backend process) together."""

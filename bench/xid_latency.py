@@ -254,7 +254,7 @@ async def on(server: str, sequential: int, concurrent: int, flying: int, node_le
         floor_flying = await floor.in_flight(world.client, flying, concurrent)
         ramp_s = await in_flight(world.client, flying - 1, names["f"][1:])
         late = await round_of(world, names["l"], traces)
-        timed_out = await timed_out_tasks(world.client, f'FleetCluster = "{CLUSTER}"')
+        timed_out = await timed_out_tasks(world.client, f'FleetCluster = "{CLUSTER}"', world.server_log())
     first_task_cpu = traces[0]["cpu_s"]["worker"] / concurrent
     return {
         "sequential": case(one_at_a_time, floor_s),
