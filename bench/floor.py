@@ -4,6 +4,12 @@ case being compared starts its runs. A ratio to one of these is what FleetMedic 
 
 - `latencies`: one-activity workflows, one after another or all at once: start request → the
   activity ran (its side effect, as the node's cordon is FleetMedic's);
+- `effects_latencies`: one-activity workflows one after another whose activity does what the
+  protective step does, directly (read the node, then cordon it and DRAIN it with scontrol side by
+  side): start request
+  → the node seen out of service in both systems, as FleetMedic's are; and `effects_alone`, the
+  same effects called directly, without Temporal: the part of an alert's latency that is the API
+  server and slurmctld, not Temporal and not FleetMedic;
 - `in_flight`: as many trivial runs kept open as FleetMedic has in flight (each waits for a signal,
   as each FleetMedic run waits for its replacement), while `latencies` measures new ones;
 - `starts_per_s`: N one-activity workflows started at once from one client;
@@ -15,12 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from kubernetes import client as k8s_client
 from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
@@ -41,6 +50,34 @@ class Floor:
     @workflow.run
     async def run(self, key: str) -> None:
         await workflow.execute_activity("bench.touch", key, start_to_close_timeout=timedelta(seconds=10))
+
+
+@workflow.defn(name="bench-floor-effects", sandboxed=False)
+class EffectsFloor:
+    @workflow.run
+    async def run(self, node: str) -> None:
+        await workflow.execute_activity("bench.protect", node, start_to_close_timeout=timedelta(seconds=30))
+
+
+class Protect:
+    """The protective step's effects with nothing around them: the node read, then the cordon (a
+    merge patch) and the DRAIN (`scontrol update`, as the worker's SlurmCli does) side by side, on
+    the API server and slurmctld FleetMedic uses."""
+
+    def __init__(self, api: k8s_client.ApiClient, slurm_env: dict[str, str]) -> None:
+        self.core, self.slurm_env = k8s_client.CoreV1Api(api), slurm_env
+
+    @activity.defn(name="bench.protect")
+    def protect(self, node: str) -> None:
+        self.core.read_node(node, _preload_content=False, _request_timeout=15)
+        # The two writes side by side, as the protective step makes them.
+        drain = subprocess.Popen(["scontrol", "update", f"nodename={node}", "state=drain", "reason=bench floor"],
+                                 env={**os.environ, **self.slurm_env}, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE)
+        self.core.patch_node(node, {"spec": {"unschedulable": True}}, _request_timeout=15)
+        _, err = drain.communicate(timeout=15)
+        if drain.returncode:
+            raise RuntimeError(f"scontrol update nodename={node} state=drain: {err.decode(errors='replace').strip()}")
 
 
 @workflow.defn(name="bench-floor-open", sandboxed=False)
@@ -69,10 +106,11 @@ class OpenRun:
 
 
 @contextlib.asynccontextmanager
-async def floor_worker(client: Client) -> AsyncIterator[Worker]:
+async def floor_worker(client: Client, protect: Protect | None = None) -> AsyncIterator[Worker]:
     """The floor's worker, in this process, polling as FleetMedic's worker does."""
+    activities: list[Callable[..., Any]] = [touch, *([protect.protect] if protect else [])]
     with ThreadPoolExecutor(8) as pool:
-        async with Worker(client, task_queue=QUEUE, workflows=[Floor, OpenRun], activities=[touch],
+        async with Worker(client, task_queue=QUEUE, workflows=[Floor, EffectsFloor, OpenRun], activities=activities,
                           activity_executor=pool, max_concurrent_activities=8,
                           workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(WORKFLOW_POLLS),
                           nonsticky_to_sticky_poll_ratio=SHARED_QUEUE_POLLS,
@@ -95,6 +133,32 @@ async def latencies(client: Client, runs: int, at_once: bool = False) -> list[fl
         if at_once:
             return list(await asyncio.gather(*(_one(client, i) for i in range(runs))))
         return [await _one(client, i) for i in range(runs)]
+
+
+async def effects_latencies(client: Client, nodes: Sequence[str], protect: Protect,
+                            observed: Callable[[list[str]], Awaitable[dict[str, float]]]) -> list[float]:
+    """One `bench-floor-effects` run per node, one after another: start request → the node seen
+    out of service in the API and in slurmctld's log (`observed`: bench/world.py's Observed.wait)."""
+    latencies = []
+    async with floor_worker(client, protect):
+        for node in nodes:
+            began = time.time()
+            await client.start_workflow("bench-floor-effects", node, id=f"floor-effects-{node}-{time.time_ns()}",
+                                        task_queue=QUEUE)
+            latencies.append((await observed([node]))[node] - began)
+    return latencies
+
+
+async def effects_alone(nodes: Sequence[str], protect: Protect,
+                        observed: Callable[[list[str]], Awaitable[dict[str, float]]]) -> list[float]:
+    """The same effects called directly, one node after another, no Temporal: what the API server
+    and slurmctld take by themselves, until the node is seen out of service in both."""
+    latencies = []
+    for node in nodes:
+        began = time.time()
+        await asyncio.to_thread(protect.protect, node)
+        latencies.append((await observed([node]))[node] - began)
+    return latencies
 
 
 async def in_flight(client: Client, open_runs: int, runs: int) -> dict[str, Any]:

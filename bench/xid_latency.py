@@ -28,7 +28,10 @@ Each case has its floor, measured like for like in the same run on the same serv
 one-activity workflows run by a worker polling as FleetMedic's, from the start request to the
 activity's side effect — one at a time, 50 at once, and 50 at once with 1,000 trivial runs in
 flight. Target (DESIGN.md): p99 ≤ 1.5× the floor's p99 in each case, on both servers. And the
-worker's CPU per run over the 50-at-once round.
+worker's CPU per run over the 50-at-once round. Beside the sequential case, a second floor: the
+same one-activity workflows whose activity does the protective step's effects directly (read the
+node, cordon it, DRAIN it with scontrol) until the node is seen out of service in both systems —
+the part of the latency that is the API server and slurmctld, which no trivial workflow pays.
 
     python bench/xid_latency.py [--temporal dev|production|both] [--sequential 30] [--concurrent 50]
                                 [--in-flight 1000] [--node-lease 40]
@@ -231,7 +234,8 @@ TARGET_RATIO = 1.5  # DESIGN.md: p99 within 1.5x the same run's floor, like for 
 
 async def on(server: str, sequential: int, concurrent: int, flying: int, node_lease_s: int) -> dict[str, Any]:
     names = {case: [f"gpu-{case}-{i}" for i in range(n)] for case, n in
-             (("s", sequential), ("b", sequential), ("c", concurrent), ("f", flying), ("l", concurrent))}
+             (("s", sequential), ("b", sequential), ("c", concurrent), ("f", flying), ("l", concurrent),
+              ("e", sequential), ("d", sequential))}
     policy = {
         # A budget that admits every run: this measures latency, not the queue the fleet guard would
         # (rightly) form, nor the cordon breaker's hold on a storm; the replacement never comes.
@@ -244,6 +248,9 @@ async def on(server: str, sequential: int, concurrent: int, flying: int, node_le
                           node_lease_s=node_lease_s, temporal=server) as world:
         await quietly(world, "gpu-f-0")  # warm-up: worker, webhook, guard (not counted)
         floor_s = await floor.latencies(world.client, sequential)
+        protect = floor.Protect(world.kube.api, world.slurm.env)
+        effects_s = await floor.effects_latencies(world.client, names["e"], protect, world.observed.wait)
+        alone_s = await floor.effects_alone(names["d"], protect, world.observed.wait)
         floor_together = await floor.latencies(world.client, concurrent, at_once=True)
         one_at_a_time = [await quietly(world, n) for n in names["s"]]
         back_to_back = [(await round_of(world, [n]))[0] for n in names["b"]]
@@ -257,7 +264,14 @@ async def on(server: str, sequential: int, concurrent: int, flying: int, node_le
         timed_out = await timed_out_tasks(world.client, f'FleetCluster = "{CLUSTER}"', world.server_log())
     first_task_cpu = traces[0]["cpu_s"]["worker"] / concurrent
     return {
-        "sequential": case(one_at_a_time, floor_s),
+        "sequential": {**case(one_at_a_time, floor_s), "effects_floor": summary(effects_s),
+                       "effects_alone": summary(alone_s),
+                       "p99_over_effects_floor_p99": round(percentile(one_at_a_time, 99) / percentile(effects_s, 99),
+                                                           2),
+                       "effects_floor_is": "the same one-activity workflows, whose activity reads the node, then "
+                                           "cordons it and DRAINs it with scontrol side by side",
+                       "effects_alone_is": "those effects called directly, no Temporal: what the API server and "
+                                           "slurmctld take"},
         "back_to_back": {**summary(back_to_back), "p99_over_floor_p99": round(
             percentile(back_to_back, 99) / percentile(floor_s, 99), 2), "what": "each alert as soon as the one "
                                                                                 "before is out of service, its run "
