@@ -6,10 +6,9 @@ case being compared starts its runs. A ratio to one of these is what FleetMedic 
   activity ran (its side effect, as the node's cordon is FleetMedic's);
 - `effects_latencies`: one-activity workflows one after another whose activity does what the
   protective step does, directly (read the node, then cordon it and DRAIN it with scontrol side by
-  side): start request
-  → the node seen out of service in both systems, as FleetMedic's are; and `effects_alone`, the
-  same effects called directly, without Temporal: the part of an alert's latency that is the API
-  server and slurmctld, not Temporal and not FleetMedic;
+  side): start request → the node seen out of service in both systems, as FleetMedic's are; and
+  `effects_alone`, the same effects called directly, without Temporal: the part of an alert's
+  latency that is the API server and slurmctld, not Temporal and not FleetMedic;
 - `in_flight`: as many trivial runs kept open as FleetMedic has in flight (each waits for a signal,
   as each FleetMedic run waits for its replacement), while `latencies` measures new ones;
 - `starts_per_s`: N one-activity workflows started at once from one client;
