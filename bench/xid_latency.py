@@ -253,6 +253,9 @@ async def on(server: str, sequential: int, concurrent: int, flying: int, node_le
         alone_s = await floor.effects_alone(names["d"], protect, world.observed.wait)
         floor_together = await floor.latencies(world.client, concurrent, at_once=True)
         one_at_a_time = [await quietly(world, n) for n in names["s"]]
+        seen_s = {n: max(world.observed.cordoned[n], world.observed.drained[n]) for n in names["s"]}
+        quiet_phases = await phases(world.client, {n: (seen_s[n] - latency, seen_s[n])
+                                                   for n, latency in zip(names["s"], one_at_a_time, strict=True)})
         back_to_back = [(await round_of(world, [n]))[0] for n in names["b"]]
         traces: list[dict[str, Any]] = []
         together = await round_of(world, names["c"], traces)
@@ -264,7 +267,7 @@ async def on(server: str, sequential: int, concurrent: int, flying: int, node_le
         timed_out = await timed_out_tasks(world.client, f'FleetCluster = "{CLUSTER}"', world.server_log())
     first_task_cpu = traces[0]["cpu_s"]["worker"] / concurrent
     return {
-        "sequential": {**case(one_at_a_time, floor_s), "effects_floor": summary(effects_s),
+        "sequential": {**case(one_at_a_time, floor_s), "phases": quiet_phases, "effects_floor": summary(effects_s),
                        "effects_alone": summary(alone_s),
                        "p99_over_effects_floor_p99": round(percentile(one_at_a_time, 99) / percentile(effects_s, 99),
                                                            2),
