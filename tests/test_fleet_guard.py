@@ -289,16 +289,16 @@ async def test_a_continued_guard_whose_policy_read_the_worker_cancels_keeps_its_
     request would start an empty guard that lets a second wave past the budget. A read cancelled
     twice is asked again in the same task; one cancelled every time fails the workflow task, which
     the server hands out again, and the run goes on with its holders."""
-    real, cancels = runbook.local, {"left": 0, "seen": 0}
+    real, cancels = runbook.workflow.execute_local_activity, {"left": 0, "seen": 0}
 
-    async def local(activity: Any, arg: Any, **options: Any) -> Any:
-        if activity.name == "config.policy" and cancels["left"]:
+    async def execute_local_activity(name: str, *args: Any, **options: Any) -> Any:
+        if name == "config.policy" and cancels["left"]:
             cancels["left"] -= 1
             cancels["seen"] += 1
             raise CancelledError("Cancelled")  # what the workflow received there
-        return await real(activity, arg, **options)
+        return await real(name, *args, **options)
 
-    monkeypatch.setattr(runbook, "local", local)
+    monkeypatch.setattr(runbook.workflow, "execute_local_activity", execute_local_activity)
     cluster = task_queue
 
     async def guard_runs() -> list[Any]:

@@ -203,16 +203,16 @@ async def test_a_protective_step_the_worker_cancelled_is_tried_again(stack: Stac
     its first try resolves cancelled, as it did there: a failed try, said in the run's decisions,
     then tried again, and the repair goes on. So do the run's first two reads of its policy: asked
     again in the same task (workflows/runbook.py `configuration`)."""
-    real, cancelled = runbook.local, []
+    real, cancelled = runbook.workflow.execute_local_activity, []
 
-    async def local(activity: Any, arg: Any, **options: Any) -> Any:
-        if activity.name == "protect.node" and "protect.node" not in cancelled or (
-                activity.name == "config.policy" and cancelled.count("config.policy") < 2):
-            cancelled.append(activity.name)
+    async def execute_local_activity(name: str, *args: Any, **options: Any) -> Any:
+        if name == "protect.node" and "protect.node" not in cancelled or (
+                name == "config.policy" and cancelled.count("config.policy") < 2):
+            cancelled.append(name)
             raise CancelledError("Cancelled")  # what the workflow received there
-        return await real(activity, arg, **options)
+        return await real(name, *args, **options)
 
-    monkeypatch.setattr(runbook, "local", local)
+    monkeypatch.setattr(runbook.workflow, "execute_local_activity", execute_local_activity)
     report, _ = await stack.run("gpu-node-0")
     assert cancelled == ["config.policy", "config.policy", "protect.node"]
     assert report.outcome == "remediated", report.decisions

@@ -66,6 +66,7 @@ SHORT = timedelta(seconds=30)
 # A step that evicts while it waits hears an abort within 0.8 × this (runbook.evicting_heartbeat).
 EVICTING_HEARTBEAT = timedelta(seconds=10)
 CONFIGURATION_TRIES = 3  # a configuration read the worker cancelled, tried again in the same task
+CANCELLED = "Cancelled"  # the error type of a local activity the worker cancelled (`local`)
 
 
 class ConfigurationCancelled(RuntimeError):
@@ -417,7 +418,7 @@ class Runbook:
                 options["retry_policy"] = RetryPolicy(maximum_attempts=1)
             try:
                 if in_task:
-                    result: Out | None = await self.local_once(activity, arg, options)
+                    result: Out | None = await local(activity, arg, **options)
                 elif until is None:
                     result = await execute(activity, arg, heartbeat_timeout=heartbeat, task_queue=task_queue,
                                            **options)
@@ -450,22 +451,6 @@ class Runbook:
             if isinstance(result, ActionResult):
                 self.actions.append(result)
             return result
-
-    @staticmethod
-    async def local_once(activity: Activity[In, Out], arg: In, options: dict[str, Any]) -> Out:
-        """A local activity; one the worker cancelled is a failed try, never the run's end. A run
-        never cancels its local activities (an operator's cancel of the run arrives as asyncio's
-        CancelledError, not caught here), but under load the SDK's core resolved one as cancelled:
-        with 5,000 runs started together on temporal-server (bench/worker_scale), a first workflow
-        task completed with its protective step "Cancelled" mid-call to kube-apiserver — most likely
-        the step of an attempt the server had given up on, handed to the next attempt. It raised out
-        of the run, which failed with the node cordoned and nobody told (8 of 5,000 runs). As a
-        failed try it is tried again (or escalated), like any other."""
-        try:
-            return await local(activity, arg, **options)
-        except CancelledError as err:
-            raise ApplicationError(f"{activity.name} was cancelled by the worker before it finished (a "
-                                   "workflow task given up under load)", type="Cancelled") from err
 
     async def until_done(self, running: workflow.ActivityHandle[Out], until: Callable[[], bool]) -> Out | None:
         """The activity's result; unless an abort or `until()` comes first: then the activity is
@@ -655,25 +640,41 @@ def abort_alone() -> bool:
     return False
 
 
-def local(activity: Activity[In, Out], arg: In, **options: Any) -> Awaitable[Out]:
-    """A local activity (the worker's own configuration: no round trip through the task queue)."""
+async def local(activity: Activity[In, Out], arg: In, **options: Any) -> Out:
+    """A local activity (the worker's own configuration, the protective step: no round trip through
+    the task queue). One the worker cancelled fails with ApplicationError "Cancelled", never as the
+    run's cancel. A run never cancels its local activities (an operator's cancel of the run arrives
+    as asyncio's CancelledError, not caught here), but under load the SDK's core resolved one as
+    cancelled: with 5,000 runs started together on temporal-server (bench/worker_scale), a first
+    workflow task completed with its protective step "Cancelled" mid-call to kube-apiserver — most
+    likely the step of an attempt the server had given up on, handed to the next attempt. It raised
+    out of the run, which failed with the node cordoned and nobody told (8 of 5,000 runs). As an
+    ApplicationError it is a failed try of the step (`Runbook.call`: tried again or escalated), and
+    a configuration read asks again (`configuration`)."""
     options.setdefault("start_to_close_timeout", timedelta(seconds=10))
-    return workflow.execute_local_activity(activity.name, args=activity.args(arg), result_type=activity.result,
-                                           **options)
+    try:
+        result: Out = await workflow.execute_local_activity(activity.name, args=activity.args(arg),
+                                                            result_type=activity.result, **options)
+    except CancelledError as err:
+        raise ApplicationError(f"{activity.name} was cancelled by the worker before it finished (a workflow "
+                               "task given up under load)", type=CANCELLED) from err
+    return result
 
 
 async def configuration(activity: Activity[NoArgs, Out]) -> Out:
     """The worker's configuration (its policy, its context): a local activity, the first step of every
-    run, and of every continued run of the fleet guard and the job-failures listener. Under load the
-    SDK's core resolved a local activity as cancelled though no run cancels one (`Runbook.local_once`);
-    here that would fail the run before it did anything, and a failed guard loses its holders and its
-    line, so the next request starts an empty one that lets a second wave past the budget. A read the
-    worker cancelled is asked again, at most CONFIGURATION_TRIES times in the task; then the task
-    fails (ConfigurationCancelled), and the server gives it to a worker again: the run is kept."""
+    run, and of every continued run of the fleet guard and the job-failures listener. One the worker
+    cancelled (`local`) would fail the run before it did anything, and a failed guard loses its
+    holders and its line, so the next request starts an empty one that lets a second wave past the
+    budget. A read the worker cancelled is asked again, at most CONFIGURATION_TRIES times in the
+    task; then the task fails (ConfigurationCancelled), and the server gives it to a worker again:
+    the run is kept."""
     for _ in range(CONFIGURATION_TRIES):
         try:
             return await local(activity, ())
-        except CancelledError:
+        except ApplicationError as err:
+            if err.type != CANCELLED:
+                raise
             workflow.logger.warning("%s: the worker cancelled the local activity; asking again", activity.name)
     raise ConfigurationCancelled(f"{activity.name}: the worker cancelled this local activity {CONFIGURATION_TRIES} "
                                  "times in one workflow task; the task fails and the server gives it to a worker "
