@@ -138,24 +138,25 @@ async def effects_latencies(client: Client, nodes: Sequence[str], protect: Prote
                             observed: Callable[[list[str]], Awaitable[dict[str, float]]]) -> list[float]:
     """One `bench-floor-effects` run per node, one after another: start request → the node seen
     out of service in the API and in slurmctld's log (`observed`: bench/world.py's Observed.wait)."""
-    latencies = []
     async with floor_worker(client, protect):
-        for node in nodes:
-            began = time.time()
-            await client.start_workflow("bench-floor-effects", node, id=f"floor-effects-{node}-{time.time_ns()}",
-                                        task_queue=QUEUE)
-            latencies.append((await observed([node]))[node] - began)
-    return latencies
+        return await _until_out(nodes, lambda node: client.start_workflow(
+            "bench-floor-effects", node, id=f"floor-effects-{node}-{time.time_ns()}", task_queue=QUEUE), observed)
 
 
 async def effects_alone(nodes: Sequence[str], protect: Protect,
                         observed: Callable[[list[str]], Awaitable[dict[str, float]]]) -> list[float]:
     """The same effects called directly, one node after another, no Temporal: what the API server
     and slurmctld take by themselves, until the node is seen out of service in both."""
+    return await _until_out(nodes, lambda node: asyncio.to_thread(protect.protect, node), observed)
+
+
+async def _until_out(nodes: Sequence[str], act: Callable[[str], Awaitable[Any]],
+                     observed: Callable[[list[str]], Awaitable[dict[str, float]]]) -> list[float]:
+    """For each node in turn: `act` on it, and how long until it was seen out of service."""
     latencies = []
     for node in nodes:
         began = time.time()
-        await asyncio.to_thread(protect.protect, node)
+        await act(node)
         latencies.append((await observed([node]))[node] - began)
     return latencies
 

@@ -253,7 +253,7 @@ async def on(server: str, sequential: int, concurrent: int, flying: int, node_le
         alone_s = await floor.effects_alone(names["d"], protect, world.observed.wait)
         floor_together = await floor.latencies(world.client, concurrent, at_once=True)
         one_at_a_time = [await quietly(world, n) for n in names["s"]]
-        seen_s = {n: max(world.observed.cordoned[n], world.observed.drained[n]) for n in names["s"]}
+        seen_s = await world.observed.wait(names["s"])  # each already out: when it was seen so
         quiet_phases = await phases(world.client, {n: (seen_s[n] - latency, seen_s[n])
                                                    for n, latency in zip(names["s"], one_at_a_time, strict=True)})
         back_to_back = [(await round_of(world, [n]))[0] for n in names["b"]]
