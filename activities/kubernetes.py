@@ -263,8 +263,12 @@ class KubernetesActivities:
         """The opt-out label on the node or on any pod running on it stops destructive steps."""
         return self.look(node)[1]
 
-    def look(self, node: str) -> tuple[JsonNode | None, OptOut]:
-        """The node and its opt-out (its label, or a label of a pod running on it), read now."""
+    def look(self, node: str, opted_out_pods: Callable[[], list[dict[str, Any]] | None] | None = None,
+             ) -> tuple[JsonNode | None, OptOut]:
+        """The node and its opt-out (its label, or a label of a pod running on it), read now.
+        `opted_out_pods`: the answer of a read of the opted-out pods the caller started beside this
+        one (the protective step: the node read and the list then take the time of the slower, not
+        of both); by default they are read here, after the node."""
         key, value = self.policy.labels.opt_out_pair
         reasons = []
         found = self.find_node(node)
@@ -272,11 +276,16 @@ class KubernetesActivities:
             return None, OptOut(opted_out=False, missing=True, reasons=[f"node {node} does not exist"])
         if ((found.get("metadata") or {}).get("labels") or {}).get(key) == value:
             reasons.append(f"node {node} has {key}={value}")
-        for pod in self.shared_opt_outs.get(None) or []:
+        for pod in (opted_out_pods or self.opted_out_pods)() or []:
             if (pod.get("spec") or {}).get("nodeName") == node:
                 meta = pod.get("metadata") or {}
                 reasons.append(f"pod {meta.get('namespace')}/{meta.get('name')} has {key}={value}")
         return found, OptOut(opted_out=bool(reasons), reasons=reasons)
+
+    def opted_out_pods(self) -> list[dict[str, Any]] | None:
+        """Every pod carrying the opt-out label, from a read that started after this call (shared
+        with the callers asking at the same time)."""
+        return self.shared_opt_outs.get(None)
 
     def _opted_out_pods(self) -> list[dict[str, Any]]:
         """Every pod carrying the opt-out label, in one list: the opted-out pods are few, where a

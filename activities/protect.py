@@ -12,8 +12,8 @@ answers one request at a time, and 50 nodes failing together would otherwise que
 
 One activity for read and write. Runbooks run it as a local activity inside their workflow task,
 on the worker that holds the run: no round trip through the server, no task queue to wait in.
-It runs on threads of its own (`slots` of them, and twice
-that for the calls it makes side by side), never the worker's activity pool: no backlog of
+It runs on threads of its own (`slots` of them, and CALLS_PER_STEP times that for the calls they
+make side by side), never the worker's activity pool: no backlog of
 drains, evictions or watches can hold a new alert's cordon up.
 """
 
@@ -44,6 +44,10 @@ from fleetmedic.models import (
 )
 
 T = TypeVar("T")
+# A step's reads at once: the node, the opted-out pods, the Slurm node and its jobs (the two writes
+# come after the reads they need). Three of them may wait on a read shared with other steps
+# (activities/shared_reads.py), holding their thread meanwhile.
+CALLS_PER_STEP = 4
 
 
 class ProtectiveActivities:
@@ -53,10 +57,10 @@ class ProtectiveActivities:
         self.slurm = slurm
         # The cordon breaker and the fleet pause (activities/breaker.py); None: no bound (unit tests).
         self.breaker, self.views = breaker, views
-        # One thread per protective step at once, and twice that for the calls each makes side by
-        # side (Kubernetes and Slurm are asked together; each call keeps its own timeout).
+        # One thread per protective step at once, and threads for the calls each makes side by side
+        # (Kubernetes and Slurm are asked together; each call keeps its own timeout).
         self.steps = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="fleetmedic-protective")
-        self.pool = ThreadPoolExecutor(max_workers=2 * slots, thread_name_prefix="fleetmedic-protect")
+        self.pool = ThreadPoolExecutor(max_workers=CALLS_PER_STEP * slots, thread_name_prefix="fleetmedic-protect")
 
     def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         # The activity's context (its info, for the remediation record) goes with the call.
@@ -82,7 +86,10 @@ class ProtectiveActivities:
             return self._protect(request)
 
     def _protect(self, request: ProtectRequest) -> Protection:
-        looked = self._submit(self.kubernetes.look, request.node)
+        # The opted-out pods (a list, shared in a storm) and the node are read side by side. Each
+        # waits only on what was submitted before it: the pool is first in, first out.
+        opted_out = self._submit(self.kubernetes.opted_out_pods)
+        looked = self._submit(self.kubernetes.look, request.node, opted_out.result)
         jobs: Future[list[SlurmJob]] | None = None
         slurm_node: Future[SlurmNode | None] | None = None
         if request.slurm:

@@ -4,13 +4,15 @@ case being compared starts its runs. A ratio to one of these is what FleetMedic 
 
 - `latencies`: one-activity workflows, one after another or all at once: start request → the
   activity ran (its side effect, as the node's cordon is FleetMedic's);
-- `effects_latencies`: one-activity workflows one after another whose activity does what the
-  protective step does, directly (read the node, then cordon it and DRAIN it with scontrol side by
-  side): start request → the node seen out of service in both systems, as FleetMedic's are; and
+- `effects_latencies`: one-activity workflows, one after another or all at once, whose activity
+  does what the protective step does, directly (read the node, then cordon it and DRAIN it with
+  scontrol side by side): start request → the node seen out of service in both systems, as
+  FleetMedic's are; and
   `effects_alone`, the same effects called directly, without Temporal: the part of an alert's
   latency that is the API server and slurmctld, not Temporal and not FleetMedic;
 - `in_flight`: as many trivial runs kept open as FleetMedic has in flight (each waits for a signal,
-  as each FleetMedic run waits for its replacement), while `latencies` measures new ones;
+  as each FleetMedic run waits for its replacement), while `latencies` measures new ones (and,
+  given nodes, `effects_latencies` all at once);
 - `starts_per_s`: N one-activity workflows started at once from one client;
 - `signal_with_start_per_s`: a storm's alerts sent as raw signal-with-start calls from one client,
   each to a trivial run per node that takes signals.
@@ -135,12 +137,30 @@ async def latencies(client: Client, runs: int, at_once: bool = False) -> list[fl
 
 
 async def effects_latencies(client: Client, nodes: Sequence[str], protect: Protect,
-                            observed: Callable[[list[str]], Awaitable[dict[str, float]]]) -> list[float]:
-    """One `bench-floor-effects` run per node, one after another: start request → the node seen
-    out of service in the API and in slurmctld's log (`observed`: bench/world.py's Observed.wait)."""
+                            observed: Callable[[list[str]], Awaitable[dict[str, float]]],
+                            at_once: bool = False) -> list[float]:
+    """One `bench-floor-effects` run per node, one after another or all started together: start
+    request → the node seen out of service in the API and in slurmctld's log (`observed`:
+    bench/world.py's Observed.wait)."""
     async with floor_worker(client, protect):
-        return await _until_out(nodes, lambda node: client.start_workflow(
-            "bench-floor-effects", node, id=f"floor-effects-{node}-{time.time_ns()}", task_queue=QUEUE), observed)
+        return await _effects(client, nodes, observed, at_once)
+
+
+async def _effects(client: Client, nodes: Sequence[str],
+                   observed: Callable[[list[str]], Awaitable[dict[str, float]]], at_once: bool) -> list[float]:
+    def start(node: str) -> Awaitable[Any]:
+        return client.start_workflow("bench-floor-effects", node, id=f"floor-effects-{node}-{time.time_ns()}",
+                                     task_queue=QUEUE)
+    if not at_once:
+        return await _until_out(nodes, start, observed)
+
+    async def started(node: str) -> float:
+        began = time.time()
+        await start(node)
+        return began
+    sent = dict(zip(nodes, await asyncio.gather(*(started(n) for n in nodes)), strict=True))
+    seen = await observed(list(nodes))
+    return [seen[n] - sent[n] for n in nodes]
 
 
 async def effects_alone(nodes: Sequence[str], protect: Protect,
@@ -161,13 +181,16 @@ async def _until_out(nodes: Sequence[str], act: Callable[[str], Awaitable[Any]],
     return latencies
 
 
-async def in_flight(client: Client, open_runs: int, runs: int) -> dict[str, Any]:
+async def in_flight(client: Client, open_runs: int, runs: int, effects: Sequence[str] = (),
+                    protect: Protect | None = None,
+                    observed: Callable[[list[str]], Awaitable[dict[str, float]]] | None = None) -> dict[str, Any]:
     """`runs` one-activity workflows started together while `open_runs` trivial runs are in flight
     (each got to its wait: its activity ran, as FleetMedic's runs are waiting for their replacement
-    when its case is measured); the open ones are finished afterwards (they leave the server as they
-    found it)."""
+    when its case is measured), then, given `effects` nodes (with `protect` and `observed`), an
+    effects run for each of them started together, with the same runs in flight; the open ones are
+    finished afterwards (they leave the server as they found it)."""
     ids = [f"floor-open-{i}-{time.time_ns()}" for i in range(open_runs)]
-    async with floor_worker(client):
+    async with floor_worker(client, protect):
         began = time.monotonic()
         for start in range(0, open_runs, 100):
             await asyncio.gather(*(client.start_workflow("bench-floor-open", i, id=i, task_queue=QUEUE)
@@ -176,9 +199,10 @@ async def in_flight(client: Client, open_runs: int, runs: int) -> dict[str, Any]
             await asyncio.sleep(0.1)
         ramp_s = time.monotonic() - began
         measured = list(await asyncio.gather(*(_one(client, i) for i in range(runs))))
+        with_effects = await _effects(client, effects, observed, True) if effects and observed else []
         for start in range(0, open_runs, 100):
             await asyncio.gather(*(client.get_workflow_handle(i).signal("finish") for i in ids[start:start + 100]))
-    return {"latencies": measured, "ramp_s": round(ramp_s, 1)}
+    return {"latencies": measured, "effects": with_effects, "ramp_s": round(ramp_s, 1)}
 
 
 async def starts_per_s(client: Client, count: int) -> float:

@@ -28,10 +28,13 @@ Each case has its floor, measured like for like in the same run on the same serv
 one-activity workflows run by a worker polling as FleetMedic's, from the start request to the
 activity's side effect — one at a time, 50 at once, and 50 at once with 1,000 trivial runs in
 flight. Target (DESIGN.md): p99 ≤ 1.5× the floor's p99 in each case, on both servers. And the
-worker's CPU per run over the 50-at-once round. Beside the sequential case, a second floor: the
-same one-activity workflows whose activity does the protective step's effects directly (read the
-node, cordon it, DRAIN it with scontrol) until the node is seen out of service in both systems —
-the part of the latency that is the API server and slurmctld, which no trivial workflow pays.
+worker's CPU per run over the 50-at-once round. Beside each case, a second floor: the same
+one-activity workflows, started as the case starts its runs (one at a time, 50 at once, 50 at once
+with 1,000 in flight), whose activity does the protective step's effects directly (read the node,
+cordon it, DRAIN it with scontrol) until the node is seen out of service in both systems — the part
+of the latency that is the API server and slurmctld, which no trivial workflow pays. On two cores
+those effects alone take about as long as a trivial run, so each case also has its verdict against
+this floor (`meets_target_against_effects_floor`); the issue's verdict stays `meets_target`.
 
     python bench/xid_latency.py [--temporal dev|production|both] [--sequential 30] [--concurrent 50]
                                 [--in-flight 1000] [--node-lease 40]
@@ -222,20 +225,28 @@ async def in_flight(client: Client, runs: int, nodes: list[str]) -> float:
     return time.monotonic() - began
 
 
-def case(latencies: list[float], floor_s: list[float], **extra: Any) -> dict[str, Any]:
-    """One case beside its floor: p99 over the floor's p99, and whether it is within TARGET_RATIO."""
+def case(latencies: list[float], floor_s: list[float], effects_s: list[float], **extra: Any) -> dict[str, Any]:
+    """One case beside its floors: p99 over the trivial floor's p99 (the issue's verdict) and over
+    the effects floor's (the same effects, no FleetMedic: the restated verdict), each within
+    TARGET_RATIO or not."""
     ratio = percentile(latencies, 99) / percentile(floor_s, 99)
+    to_effects = percentile(latencies, 99) / percentile(effects_s, 99)
     return {**summary(latencies), **extra, "floor": summary(floor_s), "p99_over_floor_p99": round(ratio, 2),
-            "target_ratio": TARGET_RATIO, "meets_target": ratio <= TARGET_RATIO}
+            "target_ratio": TARGET_RATIO, "meets_target": ratio <= TARGET_RATIO,
+            "effects_floor": summary(effects_s), "p99_over_effects_floor_p99": round(to_effects, 2),
+            "meets_target_against_effects_floor": to_effects <= TARGET_RATIO,
+            "effects_floor_is": EFFECTS_FLOOR_IS}
 
 
+EFFECTS_FLOOR_IS = ("the same one-activity workflows, started as this case starts its runs, whose activity reads "
+                    "the node, then cordons it and DRAINs it with scontrol side by side")
 TARGET_RATIO = 1.5  # DESIGN.md: p99 within 1.5x the same run's floor, like for like
 
 
 async def on(server: str, sequential: int, concurrent: int, flying: int, node_lease_s: int) -> dict[str, Any]:
     names = {case: [f"gpu-{case}-{i}" for i in range(n)] for case, n in
              (("s", sequential), ("b", sequential), ("c", concurrent), ("f", flying), ("l", concurrent),
-              ("e", sequential), ("d", sequential))}
+              ("e", sequential), ("d", sequential), ("g", concurrent), ("h", concurrent))}
     policy = {
         # A budget that admits every run: this measures latency, not the queue the fleet guard would
         # (rightly) form, nor the cordon breaker's hold on a storm; the replacement never comes.
@@ -252,6 +263,8 @@ async def on(server: str, sequential: int, concurrent: int, flying: int, node_le
         effects_s = await floor.effects_latencies(world.client, names["e"], protect, world.observed.wait)
         alone_s = await floor.effects_alone(names["d"], protect, world.observed.wait)
         floor_together = await floor.latencies(world.client, concurrent, at_once=True)
+        effects_together = await floor.effects_latencies(world.client, names["g"], protect, world.observed.wait,
+                                                         at_once=True)
         one_at_a_time = [await quietly(world, n) for n in names["s"]]
         seen_s = await world.observed.wait(names["s"])  # each already out: when it was seen so
         quiet_phases = await phases(world.client, {n: (seen_s[n] - latency, seen_s[n])
@@ -261,26 +274,24 @@ async def on(server: str, sequential: int, concurrent: int, flying: int, node_le
         together = await round_of(world, names["c"], traces)
         await settled(world.client, names["c"])
         # Like for like: as many trivial runs in flight as FleetMedic will have, then 50 new ones.
-        floor_flying = await floor.in_flight(world.client, flying, concurrent)
+        floor_flying = await floor.in_flight(world.client, flying, concurrent, names["h"], protect,
+                                             world.observed.wait)
         ramp_s = await in_flight(world.client, flying - 1, names["f"][1:])
         late = await round_of(world, names["l"], traces)
         timed_out = await timed_out_tasks(world.client, f'FleetCluster = "{CLUSTER}"', world.server_log())
     first_task_cpu = traces[0]["cpu_s"]["worker"] / concurrent
     return {
-        "sequential": {**case(one_at_a_time, floor_s), "phases": quiet_phases, "effects_floor": summary(effects_s),
+        "sequential": {**case(one_at_a_time, floor_s, effects_s), "phases": quiet_phases,
                        "effects_alone": summary(alone_s),
-                       "p99_over_effects_floor_p99": round(percentile(one_at_a_time, 99) / percentile(effects_s, 99),
-                                                           2),
-                       "effects_floor_is": "the same one-activity workflows, whose activity reads the node, then "
-                                           "cordons it and DRAINs it with scontrol side by side",
                        "effects_alone_is": "those effects called directly, no Temporal: what the API server and "
                                            "slurmctld take"},
         "back_to_back": {**summary(back_to_back), "p99_over_floor_p99": round(
             percentile(back_to_back, 99) / percentile(floor_s, 99), 2), "what": "each alert as soon as the one "
                                                                                 "before is out of service, its run "
                                                                                 "still going"},
-        f"concurrent_{concurrent}": case(together, floor_together, slowest=traces[0]),
-        f"in_flight_{flying}": case(late, floor_flying["latencies"], runs_in_flight=flying, ramp_s=round(ramp_s, 1),
+        f"concurrent_{concurrent}": case(together, floor_together, effects_together, slowest=traces[0]),
+        f"in_flight_{flying}": case(late, floor_flying["latencies"], floor_flying["effects"], runs_in_flight=flying,
+                                    ramp_s=round(ramp_s, 1),
                                     floor_ramp_s=floor_flying["ramp_s"], slowest=traces[1]),
         # The worker's CPU over the 50-at-once round (POST to out of service: the first workflow task
         # with its protective step, and what the runs went on to do meanwhile), per run.
