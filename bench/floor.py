@@ -35,6 +35,7 @@ from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 
+from fleetmedic.settings import Settings
 from workers.worker import SHARED_QUEUE_POLLS, WORKFLOW_POLLS
 
 QUEUE = "bench-floor"
@@ -106,13 +107,18 @@ class OpenRun:
         self.done = True
 
 
+# The floor's activities at once: as many as FleetMedic's protective steps (fleetmedic/settings.py),
+# so that 50 effects at once are not held to a few at a time where FleetMedic runs them all.
+SLOTS = Settings.model_fields["protective_slots"].default
+
+
 @contextlib.asynccontextmanager
 async def floor_worker(client: Client, protect: Protect | None = None) -> AsyncIterator[Worker]:
     """The floor's worker, in this process, polling as FleetMedic's worker does."""
     activities: list[Callable[..., Any]] = [touch, *([protect.protect] if protect else [])]
-    with ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(SLOTS) as pool:
         async with Worker(client, task_queue=QUEUE, workflows=[Floor, EffectsFloor, OpenRun], activities=activities,
-                          activity_executor=pool, max_concurrent_activities=8,
+                          activity_executor=pool, max_concurrent_activities=SLOTS,
                           workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(WORKFLOW_POLLS),
                           nonsticky_to_sticky_poll_ratio=SHARED_QUEUE_POLLS,
                           activity_task_poller_behavior=PollerBehaviorSimpleMaximum(8)) as worker:

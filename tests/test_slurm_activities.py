@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -316,3 +318,25 @@ def test_a_cluster_whose_port_is_taken_before_it_binds_starts_on_another(tmp_pat
             assert cluster.node_state("gpu-node-0")[0] == "idle"
             log = (workdir / "log" / "slurmctld.out").read_text(errors="replace")
     assert "Address already in use" not in log  # the daemons of the first try were replaced
+
+
+def test_a_fleet_of_silent_nodes_is_written_as_ranges_and_slurm_has_every_one(tmp_path: Path) -> None:
+    """The benchmarks' fleets (bench/world.py): node lines as hostlist ranges, as sites write them,
+    so that a Slurm command starting up does not parse a line per node; slurmctld still has each
+    node under its own name, and FleetMedic drains one of them as any other."""
+    missing = missing_binaries()
+    require(not missing, f"Debian's Slurm and munge ({', '.join(missing)})")
+    names = [f"gpu-f-{i}" for i in range(200)] + [f"gpu-e-{i}" for i in (3, 4, 9)] + ["gpu-007", "login"]
+    workdir = tmp_path / "slurm"
+    workdir.mkdir()
+    with LocalSlurmCluster([], silent_nodes=names, workdir=workdir) as cluster:
+        lines = [line for line in cluster.conf.read_text().splitlines() if line.startswith("NodeName=")]
+        assert [line.split()[0] for line in lines] == ["NodeName=gpu-f-[0-199]", "NodeName=gpu-e-[3-4,9]",
+                                                       "NodeName=gpu-007", "NodeName=login"]
+        listed = cluster.run("scontrol", "show", "node", "-o").stdout
+        assert sorted(re.findall(r"^NodeName=(\S+)", listed, re.M)) == sorted(names)
+        acts = SlurmActivities(SlurmCli(str(cluster.conf), timeout_s=10))
+        assert run(acts.set_node_state, SetSlurmNodeState(node="gpu-e-9", state=SlurmNodeState.DRAIN,
+                                                          reason=REASON)).changed
+        assert cluster.node_state("gpu-e-9")[1] == REASON
+        assert cluster.node_state("gpu-e-4")[1] == "none"  # its neighbour in the range untouched
