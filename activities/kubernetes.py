@@ -31,7 +31,7 @@ from activities.errors import fail, from_http_status, reread_on_conflict
 from activities.node_watch import NodeWatch
 from activities.out_of_service import OutOfService
 from activities.shared_reads import SharedReads
-from activities.waits import BlockingCalls, window_left
+from activities.waits import BlockingCalls, heartbeat, window_left
 from fleetmedic.errors import ErrorKind
 from fleetmedic.lemon import with_remediation
 from fleetmedic.models import (
@@ -547,7 +547,7 @@ class KubernetesActivities:
                     last_error[ref] = outcome
                     still.append(pod)
             pending = still
-            activity.heartbeat({"evicted": len(evicted), "waiting": len(pending)})
+            heartbeat({"evicted": len(evicted), "waiting": len(pending)})
             if pending:
                 await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 2, 5.0)
@@ -577,7 +577,7 @@ class KubernetesActivities:
             present = {f"{p.metadata.namespace}/{p.metadata.name}" for p in await self.blocking(self.pods_on, node)}
             if not present.intersection(refs):
                 return
-            activity.heartbeat({"terminating": len(present.intersection(refs))})
+            heartbeat({"terminating": len(present.intersection(refs))})
             await asyncio.sleep(0.5)
 
     # --- events -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import asyncio
 import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -22,6 +23,21 @@ T = TypeVar("T")
 WAIT_IO_THREADS = 4
 
 
+# How often an activity whose call waits on those threads says it is alive: well inside the
+# shortest heartbeat timeout of a wait that uses them (a drain's 10 s, workflows/runbook.py).
+ALIVE_EVERY_S = 1.0
+
+# This activity's last heartbeat details (a contextvar: each activity runs in a task of its own).
+_last_details: ContextVar[tuple[Any, ...] | None] = ContextVar("fleetmedic_heartbeat_details", default=None)
+
+
+def heartbeat(*details: Any) -> None:
+    """`activity.heartbeat`, remembered: a call waiting on BlockingCalls' threads keeps the activity
+    alive with these same details, so it never replaces them with nothing."""
+    _last_details.set(details)
+    activity.heartbeat(*details)
+
+
 class BlockingCalls:
     """Runs a wait's short blocking calls on a small pool of its own, off the event loop."""
 
@@ -30,7 +46,21 @@ class BlockingCalls:
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
 
     async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args))
+        """`fn(*args)` on the pool. Meanwhile the activity calling it heartbeats every ALIVE_EVERY_S
+        (the SDK sends at most one per throttle interval), with its last details: in a storm the
+        calls queue for the few threads. 1,000 runs drained together on the benchmark's dev
+        server, each drain's first read (the node's pods) waiting its turn without a heartbeat; a
+        drain's heartbeat timeout is 10 s, and one run's drain timed out five attempts in a row
+        and was escalated to a person, its node with no pod to evict."""
+        call = asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args))
+        if not activity.in_activity():
+            return await call
+        while True:
+            done, _ = await asyncio.wait({call}, timeout=ALIVE_EVERY_S)
+            if done:
+                return call.result()
+            details = _last_details.get()
+            activity.heartbeat(*(details if details is not None else activity.info().heartbeat_details))
 
 
 def window_left(timeout_s: float) -> float:

@@ -16,7 +16,7 @@ from activities.providers.cluster_api import ClusterApiProvider
 from activities.providers.http import HttpProvider
 from activities.providers.karpenter import KarpenterProvider
 from activities.providers.manual import ManualProvider
-from activities.waits import BlockingCalls, window_left
+from activities.waits import BlockingCalls, heartbeat, window_left
 from fleetmedic.errors import ErrorKind
 from fleetmedic.models import FindReplacement, ProviderRequest, ProviderResult, Replacement
 from fleetmedic.policy import ProviderPolicy
@@ -66,7 +66,7 @@ class ProviderActivities:
                 _trusted(found.node)
             if found.node is not None or found.failed or time.monotonic() >= deadline:
                 return found
-            activity.heartbeat(found.detail)
+            heartbeat(found.detail)
             await asyncio.sleep(min(LOOK_EVERY_S, max(deadline - time.monotonic(), 0)))
 
     def activities(self) -> list[Callable[..., Any]]:
