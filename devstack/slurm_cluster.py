@@ -77,7 +77,7 @@ def _bindable(port: int) -> bool:
 def hostlists(names: Sequence[str]) -> list[str]:
     """`names` as Slurm hostlist expressions (`gpu-f-[0-999]`), as a site writes a fleet's node
     lines: every Slurm command parses all of slurm.conf when it starts, and a line per node made
-    each `scontrol` of a 1,160-node benchmark fleet take ~50 ms before it did anything (2 ms with
+    each `scontrol` of a 1,160-node benchmark fleet take ~50 ms before it did anything (~4 ms with
     ranges). A name without a plain number at its end (or with a leading zero) keeps its own line."""
     numbered: dict[str, list[int]] = {}
     alone = []
