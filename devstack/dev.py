@@ -41,6 +41,7 @@ from devstack.controllers import provider_controller
 from devstack.kube_cluster import KUBE_VERSION, LocalKubeCluster, install_rbac_and_crds
 from devstack.kube_cluster import missing_binaries as missing_kube
 from devstack.kube_world import RealKube
+from devstack.processes import die_with_parent
 from devstack.slurm_cluster import LocalSlurmCluster, SlurmStartError, missing_binaries
 from devstack.standins import ProviderStandIn, SlackStandIn
 from fleetmedic.ids import SEARCH_ATTRIBUTES
@@ -114,8 +115,10 @@ def start_temporal(options: DevOptions, *, persist: bool = True) -> subprocess.P
     for key in SEARCH_ATTRIBUTES:
         argv += ["--search-attribute", f"{key.name}={_sa_type(key.indexed_value_type.name)}"]
     log_file = open(options.state_dir / "temporal.log", "ab")
+    # It dies with us, as Slurm's daemons and the control plane do: a benchmark stopped with SIGTERM
+    # left its dev server running after the rest of its world had gone.
     proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=die_with_parent())
     _wait_port(options.port, 30, proc)
     return proc
 

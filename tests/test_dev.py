@@ -182,3 +182,34 @@ async def test_the_readme_tour_a_hot_gpu_confirmed_approved_replaced_and_validat
         # On the real control plane, started in the default state dir, said part by part.
         assert "real control plane" in output and "fleetmedic dev: starting Kubernetes" in output, output
         assert (ROOT / ".fleetmedic" / "dev" / "kube").is_dir()
+
+
+def test_the_dev_server_ends_with_what_started_it(tmp_path: Path) -> None:
+    """A benchmark or a test run killed mid-way (a timeout's SIGKILL) leaves no Temporal dev server
+    behind, as it leaves no apiserver or slurmctld: the server gets SIGTERM when its starter dies."""
+    starter = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path\n"
+         "from devstack.dev import DevOptions, start_temporal\n"
+         "from devstack.slurm_cluster import free_port\n"
+         f"server = start_temporal(DevOptions(state_dir=Path({str(tmp_path)!r}), port=free_port(), "
+         "ui_port=free_port()), persist=False)\n"
+         "print(server.pid, flush=True)\n"
+         "time.sleep(120)\n"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert starter.stdout is not None
+    server = int(starter.stdout.readline())
+    try:
+        os.kill(server, 0)  # it runs
+        starter.kill()
+        starter.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(server, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"the dev server (pid {server}) was still running 30 s after its starter died")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGKILL)
