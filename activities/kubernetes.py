@@ -173,7 +173,7 @@ class KubernetesActivities:
         self.timeout = timeout_s
         self.force_dry_run = force_dry_run
         self.shared_opt_outs: SharedReads[None, list[dict[str, Any]]] = SharedReads(
-            lambda _: {None: self._opted_out_pods()})
+            lambda _: {None: self._list_opted_out_pods()})
         self.node_watch = NodeWatch(lambda: self.core, lambda n: node_info_from_json(n, policy.labels.gpu_resource),
                                     timeout_s,
                                     OutOfService(policy.labels.gpu_node_selector, policy.labels.workflow_annotation))
@@ -287,7 +287,7 @@ class KubernetesActivities:
         with the callers asking at the same time)."""
         return self.shared_opt_outs.get(None)
 
-    def _opted_out_pods(self) -> list[dict[str, Any]]:
+    def _list_opted_out_pods(self) -> list[dict[str, Any]]:
         """Every pod carrying the opt-out label, in one list: the opted-out pods are few, where a
         list per node returns every pod on it. Runs asking at once share it (activities/shared_reads.py)."""
         key, value = self.policy.labels.opt_out_pair

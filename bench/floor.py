@@ -157,16 +157,7 @@ async def _effects(client: Client, nodes: Sequence[str],
     def start(node: str) -> Awaitable[Any]:
         return client.start_workflow("bench-floor-effects", node, id=f"floor-effects-{node}-{time.time_ns()}",
                                      task_queue=QUEUE)
-    if not at_once:
-        return await _until_out(nodes, start, observed)
-
-    async def started(node: str) -> float:
-        began = time.time()
-        await start(node)
-        return began
-    sent = dict(zip(nodes, await asyncio.gather(*(started(n) for n in nodes)), strict=True))
-    seen = await observed(list(nodes))
-    return [seen[n] - sent[n] for n in nodes]
+    return await (_all_out if at_once else _until_out)(nodes, start, observed)
 
 
 async def effects_alone(nodes: Sequence[str], protect: Protect,
@@ -185,6 +176,18 @@ async def _until_out(nodes: Sequence[str], act: Callable[[str], Awaitable[Any]],
         await act(node)
         latencies.append((await observed([node]))[node] - began)
     return latencies
+
+
+async def _all_out(nodes: Sequence[str], act: Callable[[str], Awaitable[Any]],
+                   observed: Callable[[list[str]], Awaitable[dict[str, float]]]) -> list[float]:
+    """`act` on every node at once, and for each how long until it was seen out of service."""
+    async def timed(node: str) -> float:
+        began = time.time()
+        await act(node)
+        return began
+    began = await asyncio.gather(*(timed(node) for node in nodes))
+    seen = await observed(list(nodes))
+    return [seen[node] - at for node, at in zip(nodes, began, strict=True)]
 
 
 async def in_flight(client: Client, open_runs: int, runs: int, effects: Sequence[str] = (),
