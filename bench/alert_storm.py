@@ -9,10 +9,14 @@ webhook` (uvicorn). It must make exactly 500 runbooks and lose no alert: every a
 every alert answered started/attached is a signal in its workflow's history, and every other is a
 copy the webhook answered itself (`resend`: workers/resends.py) or the resolution of a closed run.
 
-Case `burst`: 500 distinct nodes fire within one second (one request each, all at once): the
-runbooks started per second, from the first POST to the last 202, beside the floor like for like —
-500 one-activity workflows started at once from one client on the same server, a worker running
-them as FleetMedic's runs are run (bench/floor.py). Target: ≥ 0.8× the floor.
+Case `burst`: 500 distinct nodes fire within one second (one request each, all at once, each
+from a client of its own as each Alertmanager group notifies): the runbooks started per second,
+from the first POST to the last 202, beside the floor like for like — 500 one-activity workflows
+started at once from one client on the same server, a worker running them as FleetMedic's runs
+are run (bench/floor.py). The floor and then the burst each start from a quiet server (the runs
+before them settled). Target: ≥ 0.8× the floor, and a 503 only where the server itself refuses:
+each 503 is counted under its reason (`temporal_unavailable` is the server's; `temporal_timeout`
+and `webhook_busy` are not).
 
 Each case's floor is measured in the same run on the same server: for the storm, the same alerts
 (batch by batch, as many senders) sent as raw signal-with-start calls from one client to a trivial
@@ -35,7 +39,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import random
 import statistics
 import sys
@@ -109,6 +115,7 @@ async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dic
                     latencies.append(time.monotonic() - began)
                     answers.extend(response.json()["alerts"])
 
+    settled = [await world.until_quiet()]  # the world's start-up (its nodes, the worker's own runs)
     began = time.monotonic()
     await asyncio.gather(*(sender() for _ in range(senders)))
     wall = time.monotonic() - began
@@ -135,7 +142,9 @@ async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dic
     # its alerts again: copies, which the run deduplicates (fingerprint and startsAt). Signals beyond
     # the alerts answered are counted apart from losses, and may be at most those requests' alerts.
     copies = max(0, signalled - delivered)
-    sent_again = sum(n for code, n in statuses.items() if not code.isdigit() or int(code) >= 500) * GPUS_ALERTING
+    sent_again = sum(n for code, n in statuses.items()
+                     if (code.isdigit() and int(code) >= 500) or not code[:1].isdigit()) * GPUS_ALERTING
+    settled.append(await world.until_quiet())
     raw = await floor.signal_with_start_per_s(world.client, [[str(a["labels"]["node"]) for a in batch]  # type: ignore[index]
                                                              for batch in work], senders)
     return {
@@ -151,6 +160,7 @@ async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dic
         "signals_in_histories": signalled, "alerts_lost": lost, "signals_beyond_answers": copies,
         "alerts_in_requests_sent_again": sent_again,
         "histories_counted_after_s": round(time.monotonic() - counted_at, 1),
+        "waited_for_a_quiet_server_s": settled,
         "alerts_per_s": round(rate, 1),
         "floor": {**raw, "what": "the same alerts as raw signal-with-start calls from one client"},
         "over_floor": round(rate / raw["alerts_per_s"], 2), "target_ratio": TARGET_RATIO,
@@ -164,7 +174,8 @@ async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dic
 
 async def post(http: httpx.AsyncClient, body: Mapping[str, object], statuses: dict[str, int]) -> httpx.Response:
     """POST a batch as Alertmanager does: a 5xx, or a connection that broke (a kept-alive one the
-    server closed as it was reused), is sent again. Every answer and every break is counted."""
+    server closed as it was reused), is sent again. Every answer and every break is counted, and a
+    5xx also under its reason code ("503 webhook_busy")."""
     while True:
         try:
             response = await http.post("/v1/alerts/alertmanager", json=body)
@@ -174,6 +185,15 @@ async def post(http: httpx.AsyncClient, body: Mapping[str, object], statuses: di
         statuses[str(response.status_code)] = statuses.get(str(response.status_code), 0) + 1
         if response.status_code < 500:
             return response
+        reason = f"{response.status_code} {_reason(response)}"  # who refused: the server, or the webhook
+        statuses[reason] = statuses.get(reason, 0) + 1
+
+
+def _reason(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("reason", "?"))
+    except ValueError:
+        return "?"
 
 
 async def runs_of(world: BenchWorld, cluster: str) -> list[tuple[str, str]]:
@@ -192,10 +212,19 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
     CPU seconds each process spent on it."""
     statuses: dict[str, int] = {}
     started = 0
-    processes = {"webhook": world.webhook_pid(), "worker": world.worker_pid()}
-    async with webhook_client(world, nodes) as http:
+    # "senders": this process, Alertmanager's stand-in (and the node watch of bench/world.py).
+    processes = {"webhook": world.webhook_pid(), "worker": world.worker_pid(), "senders": os.getpid()}
+    # A client per node, made before the clock starts, as each Alertmanager group notifies on its
+    # own: one client with 500 connections spent ~10 CPU-s of the 2 cores in httpcore's pool
+    # bookkeeping (quadratic in its connections; py-spy of this process), and the burst measured that.
+    senders = [webhook_client(world, 1) for _ in range(nodes)]
+    async with contextlib.AsyncExitStack() as open_clients:
+        for sender in senders:
+            await open_clients.enter_async_context(sender)
+
         async def fire(n: int) -> None:
             nonlocal started
+            http = senders[n]
             alert = {"status": "firing", "fingerprint": f"b{n}", "startsAt": "2026-11-30T00:00:00Z",
                      "labels": {"alertname": "FleetMedicGpuXid", "node": f"gpu-{n}", "xid": "79", "gpu": "0",
                                 "cluster": "burst"}}
@@ -204,6 +233,12 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
             response = await post(http, body, statuses)
             started += sum(1 for a in response.json()["alerts"] if a["action"] == "started")
 
+        # Like for like, each from a quiet server (the storm's runs settled): as many one-activity
+        # workflows started at once from one client, a worker running them (the runbooks below run
+        # on FleetMedic's worker as they start).
+        settled = [await world.until_quiet()]
+        floor_rate = await floor.starts_per_s(world.client, nodes)
+        settled.append(await world.until_quiet())
         cpu = {**{name: cpu_seconds(pid) for name, pid in processes.items()}, "temporal": world.temporal_cpu()}
         began = time.monotonic()
         await asyncio.gather(*(fire(n) for n in range(nodes)))
@@ -217,18 +252,22 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
     while len(runbooks := {workflow_id for workflow_id, _ in await runs_of(world, "burst")}) < nodes \
             and time.monotonic() - listed_at < 60:
         await asyncio.sleep(1)
-    # Like for like: as many one-activity workflows started at once from one client, a worker
-    # running them (the runbooks above run on FleetMedic's worker as they start).
-    floor_rate = await floor.starts_per_s(world.client, nodes)
-    rate = started / wall
+    # Every run there is was started by the last 202; `started` alone misses the starts whose
+    # answer was a 503 (the retry is answered `attached`).
+    rate = len(runbooks) / wall
     refused = sum(n for status, n in statuses.items() if status == "503")
+    # The target allows a 503 only where the server itself refuses (RESOURCE_EXHAUSTED, unavailable).
+    not_the_server = sum(n for status, n in statuses.items()
+                         if status.startswith("503 ") and status != "503 temporal_unavailable")
     return {"nodes": nodes, "http_statuses": dict(sorted(statuses.items())),
             "started": started, "runbooks": len(runbooks), "exactly_one_runbook_per_node": len(runbooks) == nodes,
             "wall_s": round(wall, 2), "runbooks_started_per_s": round(rate, 1), "cpu_s": cpu,
+            "waited_for_a_quiet_server_s": settled,
             "floor_starts_per_s": floor_rate, "floor": "one-activity workflows started at once from one client, "
                                                         "a worker running them",
             "over_floor": round(rate / floor_rate, 2), "target_ratio": TARGET_RATIO,
-            "meets_target": rate / floor_rate >= TARGET_RATIO and len(runbooks) == nodes, "http_503": refused}
+            "meets_target": rate / floor_rate >= TARGET_RATIO and len(runbooks) == nodes and not not_the_server,
+            "http_503": refused, "http_503_not_the_server": not_the_server}
 
 
 async def on(server: str, alerts: int, nodes: int, senders: int, burst_nodes: int) -> dict[str, object]:

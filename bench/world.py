@@ -284,6 +284,18 @@ class BenchWorld:
             return sum(tree_cpu_seconds(proc.popen.pid) for proc in self.production.processes)
         return cpu_seconds(self.temporal.pid)
 
+    async def until_quiet(self, below_cores: float = 0.15, within_s: float = 120) -> float:
+        """Until the Temporal server uses less than `below_cores` over 2 s (what the case before
+        started has settled), at most `within_s`: the seconds waited. A case and its floor each
+        start from a quiet server, so neither pays for the other's runs."""
+        began = time.monotonic()
+        while time.monotonic() - began < within_s:
+            before = self.temporal_cpu()
+            await asyncio.sleep(2)
+            if (self.temporal_cpu() - before) / 2 < below_cores:
+                break
+        return round(time.monotonic() - began, 1)
+
     async def _webhook_up(self) -> None:
         for _ in range(600):
             with contextlib.suppress(httpx.TransportError):

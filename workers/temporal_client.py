@@ -41,6 +41,11 @@ class TemporalUnavailable(Exception):
         return cls(f"{status.name if status else 'error'}: {str(getattr(exc, 'message', exc))[:200]}")
 
 
+class WebhookBusy(Exception):
+    """The webhook's own call slots stayed taken (a burst ahead of this batch): 503, and the
+    sender retries. Not Temporal's answer, and not reported as one."""
+
+
 class TemporalUnreachable(Exception):
     """Temporal did not answer: one line for the operator, never a transport traceback."""
 

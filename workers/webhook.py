@@ -8,9 +8,11 @@
   incident already remediated and starts nothing (unless its route says `reopen`);
 - the alerts of a batch are handled concurrently (bounded across every request);
 - 202 with one entry per alert (`started`, `attached`, `ignored` or `refused`, with a reason and a
-  reason code); 400 with the reason; 401; 413; 503 when Temporal cannot be reached or does not answer
-  within FLEETMEDIC_WEBHOOK_TEMPORAL_TIMEOUT (the whole batch: Alertmanager resends it, and what
-  already arrived attaches idempotently). Never any other 5xx;
+  reason code); 400 with the reason; 401; 413; 503 with its reason code when Temporal cannot be
+  reached (`temporal_unavailable`) or does not answer an alert within
+  FLEETMEDIC_WEBHOOK_TEMPORAL_TIMEOUT (`temporal_timeout`), or every call slot of the webhook stayed
+  taken that long (`webhook_busy`) — the whole batch: Alertmanager resends it, and what already
+  arrived attaches idempotently. Never any other 5xx;
 - `POST /v1/jobs/ended` and `POST /v1/jobs/slurm`: training jobs' ends (workers/job_ends.py);
 - `GET /healthz` (checks Temporal) and `GET /metrics` (every alert not acted on, by reason).
 """
@@ -18,12 +20,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -47,13 +50,16 @@ from fleetmedic.routing import Ignored, Refused, Routed, route
 from fleetmedic.settings import Settings, SettingsError
 from workers.job_ends import JobEndReceiver
 from workers.resends import ResendMemo
-from workers.temporal_client import TemporalUnavailable, connect, missing_search_attribute
+from workers.temporal_client import TemporalUnavailable, WebhookBusy, connect, missing_search_attribute
 
 log = logging.getLogger(__name__)
 MAX_BODY = 1024 * 1024  # Alertmanager batches are small; a megabyte is a misbehaving sender
-# Temporal calls in flight at once for all requests together: enough to start a storm's runbooks
-# at the rate the server takes them, few enough not to queue thousands of RPCs on a slow server.
-MAX_CONCURRENT_CALLS = 64
+# Alerts talking to Temporal at once, for all requests together. A fleet's burst goes to the server
+# at once, as one client's starts would: what refuses it is the server's own admission (its
+# frontend's rate limits answer RESOURCE_EXHAUSTED). At 64 the 500 starts of a burst trickled in
+# while the first runs' work took the server: 58 starts/s against 103/s at 1,000 (bench/alert_storm,
+# production server, 2 cores). The bound keeps a flood of batches from holding unbounded memory.
+MAX_CONCURRENT_CALLS = 1000
 T = TypeVar("T")
 
 
@@ -81,16 +87,20 @@ class Metrics:
 
 class AlertReceiver:
     def __init__(self, client: Client, routing: RoutingPolicy, task_queue: str, token: str | None,
-                 available: frozenset[str], max_body: int = MAX_BODY, temporal_timeout: float = 5.0) -> None:
+                 available: frozenset[str], max_body: int = MAX_BODY, temporal_timeout: float = 10.0,
+                 max_calls: int = MAX_CONCURRENT_CALLS) -> None:
         self.client = client
         self.routing = routing
         self.task_queue = task_queue
         self.token = token
         self.available = available
         self.max_body = max_body
-        # One bound for a whole batch: past it the answer is 503 and Alertmanager retries.
+        # Temporal's time to answer an alert (its start, and the look at a closed run), and apart
+        # from it the longest an alert waits for a call slot: past either the answer is 503 and
+        # Alertmanager retries (within its notify budget: max(group_interval, 10 s)).
         self.temporal_timeout = temporal_timeout
-        self.calls = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
+        self.max_calls = max_calls
+        self.calls = asyncio.Semaphore(max_calls)
         self.metrics = Metrics(frozenset(r.alertname for r in routing.routes))
         self.metrics.insecure.set(1 if token is None else 0)
         self.job_ends = JobEndReceiver(self)
@@ -110,7 +120,7 @@ class AlertReceiver:
 
     def _refuse(self, status: int, reason: str, message: str) -> JSONResponse:
         self.metrics.rejected.labels(reason).inc()
-        return JSONResponse({"error": message}, status_code=status)
+        return JSONResponse({"error": message, "reason": reason}, status_code=status)
 
     def _authorized(self, request: Request) -> bool:
         if self.token is None:
@@ -155,11 +165,31 @@ class AlertReceiver:
             return self._refuse(413, "too_large", f"body larger than {self.max_body} bytes")
         return body
 
-    def unavailable(self, exc: TimeoutError | TemporalUnavailable) -> Response:
+    def unavailable(self, exc: TimeoutError | TemporalUnavailable | WebhookBusy) -> Response:
+        if isinstance(exc, WebhookBusy):
+            return self._refuse(503, "webhook_busy", str(exc))
         if isinstance(exc, TimeoutError):
-            return self._refuse(503, "temporal_unavailable",
+            return self._refuse(503, "temporal_timeout",
                                 f"Temporal did not answer within {self.temporal_timeout:g} s, retry")
         return self._refuse(503, "temporal_unavailable", f"Temporal unavailable, retry: {exc}")
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """One of the webhook's call slots, then `temporal_timeout` for Temporal to answer what is
+        done inside. The wait for the slot is the webhook's own queue, bounded apart and told apart
+        (WebhookBusy): an alert queued here behind a burst did not find Temporal slow, and its
+        sender is not told so."""
+        try:
+            async with asyncio.timeout(self.temporal_timeout):
+                await self.calls.acquire()
+        except TimeoutError:
+            raise WebhookBusy(f"webhook busy: its {self.max_calls} Temporal call slots stayed taken for "
+                              f"{self.temporal_timeout:g} s, retry") from None
+        try:
+            async with asyncio.timeout(self.temporal_timeout):
+                yield
+        finally:
+            self.calls.release()
 
     async def _alerts(self, request: Request) -> Response:
         body = await self.read_request(request)
@@ -170,9 +200,8 @@ class AlertReceiver:
         except (ValueError, ValidationError, RecursionError) as exc:
             return self._refuse(400, "invalid", _reason(exc))
         try:
-            async with asyncio.timeout(self.temporal_timeout):
-                answers = await asyncio.gather(*(self.handle(alert) for alert in payload.alerts))
-        except (TimeoutError, TemporalUnavailable) as exc:
+            answers = await asyncio.gather(*(self.handle(alert) for alert in payload.alerts))
+        except (TimeoutError, TemporalUnavailable, WebhookBusy) as exc:
             return self.unavailable(exc)
         return JSONResponse({"alerts": [a.model_dump() for a in answers]}, status_code=202)
 
@@ -202,10 +231,11 @@ class AlertReceiver:
                                 f"an exact resend (fingerprint, startsAt, status) of an alert this webhook answered "
                                 f"{age:.0f} s ago: its run has it, nothing written", "resend")
         try:
-            if alert.status == "resolved":
-                answer = await self._resolve(alert, decision)
-            else:
-                answer = await self._fire(alert, decision)
+            async with self.slot():  # an alert's calls one after the other: start, a closed run's look, start
+                if alert.status == "resolved":
+                    answer = await self._resolve(alert, decision)
+                else:
+                    answer = await self._fire(alert, decision)
         except RPCError as exc:
             if (missing := missing_search_attribute(exc)) is not None:
                 # Temporal's setup, not the alert (its labels never name a search attribute): a
@@ -217,6 +247,8 @@ class AlertReceiver:
                 # the batch goes on, and the answer says why.
                 return self._answer(alert, decision.runbook, decision.workflow_id, "refused",
                                     f"Temporal refused it: {exc.message[:200]}", "temporal_invalid_argument")
+            if exc.status == RPCStatusCode.DEADLINE_EXCEEDED:  # the call's own deadline, the slot's twin
+                raise TimeoutError from exc
             raise TemporalUnavailable.from_rpc(exc) from exc
         if copy is not None:
             self.resends.remember(copy)
@@ -286,11 +318,11 @@ class AlertReceiver:
         return timedelta(seconds=self.temporal_timeout)
 
     async def _temporal(self, call: Callable[[], Awaitable[T]]) -> T:
-        async with self.calls:
-            try:
-                return await call()
-            except RuntimeError as exc:  # the client could not connect at all
-                raise TemporalUnavailable(str(exc)) from exc
+        """A Temporal call, inside a `slot()`."""
+        try:
+            return await call()
+        except RuntimeError as exc:  # the client could not connect at all
+            raise TemporalUnavailable(str(exc)) from exc
 
     def _answer(self, alert: Alert, runbook: str | None, workflow_id: str | None, action: str,
                 reason: str, code: str) -> AlertAnswer:
