@@ -116,9 +116,11 @@ async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dic
                     answers.extend(response.json()["alerts"])
 
     settled = [await world.until_quiet()]  # the world's start-up (its nodes, the worker's own runs)
+    cpu = cpu_now(world)
     began = time.monotonic()
     await asyncio.gather(*(sender() for _ in range(senders)))
     wall = time.monotonic() - began
+    cpu = cpu_since(world, cpu)
     delivered = sum(1 for a in answers if a["action"] in ("started", "attached"))
     # A signal that arrives while its run's workflow task is in flight is buffered by the server and
     # written to the history when that task completes: count until the histories hold them all, or
@@ -145,8 +147,10 @@ async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dic
     sent_again = sum(n for code, n in statuses.items()
                      if (code.isdigit() and int(code) >= 500) or not code[:1].isdigit()) * GPUS_ALERTING
     settled.append(await world.until_quiet())
+    floor_temporal_cpu = world.temporal_cpu()
     raw = await floor.signal_with_start_per_s(world.client, [[str(a["labels"]["node"]) for a in batch]  # type: ignore[index]
                                                              for batch in work], senders)
+    floor_temporal_cpu = round(world.temporal_cpu() - floor_temporal_cpu, 2)  # with its trivial runs' finish
     return {
         "alerts": len(answers), "nodes": nodes, "senders": senders,
         "requests": len(latencies), "http_statuses": dict(sorted(statuses.items())),
@@ -162,7 +166,8 @@ async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dic
         "histories_counted_after_s": round(time.monotonic() - counted_at, 1),
         "waited_for_a_quiet_server_s": settled,
         "alerts_per_s": round(rate, 1),
-        "floor": {**raw, "what": "the same alerts as raw signal-with-start calls from one client"},
+        "cpu_s": cpu, "floor": {**raw, "what": "the same alerts as raw signal-with-start calls from one client",
+                                "temporal_cpu_s": floor_temporal_cpu},
         "over_floor": round(rate / raw["alerts_per_s"], 2), "target_ratio": TARGET_RATIO,
         "meets_target": rate / raw["alerts_per_s"] >= TARGET_RATIO and len(runbooks) == nodes and lost == 0
         and copies <= sent_again,
@@ -170,6 +175,17 @@ async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dic
         "request_p99_ms": round(percentile(latencies, 99) * 1000, 1),
         "wall_s": round(wall, 1),
     }
+
+
+def cpu_now(world: BenchWorld) -> dict[str, float]:
+    """CPU seconds so far of each process a case involves; "senders" is this process,
+    Alertmanager's stand-in (and the node watch of bench/world.py)."""
+    processes = {"webhook": world.webhook_pid(), "worker": world.worker_pid(), "senders": os.getpid()}
+    return {**{name: cpu_seconds(pid) for name, pid in processes.items()}, "temporal": world.temporal_cpu()}
+
+
+def cpu_since(world: BenchWorld, before: dict[str, float]) -> dict[str, float]:
+    return {name: round(seconds - before[name], 2) for name, seconds in cpu_now(world).items()}
 
 
 async def post(http: httpx.AsyncClient, body: Mapping[str, object], statuses: dict[str, int]) -> httpx.Response:
@@ -212,8 +228,6 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
     CPU seconds each process spent on it."""
     statuses: dict[str, int] = {}
     started = 0
-    # "senders": this process, Alertmanager's stand-in (and the node watch of bench/world.py).
-    processes = {"webhook": world.webhook_pid(), "worker": world.worker_pid(), "senders": os.getpid()}
     # A client per node, made before the clock starts, as each Alertmanager group notifies on its
     # own: one client with 500 connections spent ~10 CPU-s of the 2 cores in httpcore's pool
     # bookkeeping (quadratic in its connections; py-spy of this process), and the burst measured that.
@@ -237,14 +251,15 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
         # workflows started at once from one client, a worker running them (the runbooks below run
         # on FleetMedic's worker as they start).
         settled = [await world.until_quiet()]
+        floor_temporal_cpu = world.temporal_cpu()
         floor_rate = await floor.starts_per_s(world.client, nodes)
+        floor_temporal_cpu = round(world.temporal_cpu() - floor_temporal_cpu, 2)  # with its runs' finish
         settled.append(await world.until_quiet())
-        cpu = {**{name: cpu_seconds(pid) for name, pid in processes.items()}, "temporal": world.temporal_cpu()}
+        cpu = cpu_now(world)
         began = time.monotonic()
         await asyncio.gather(*(fire(n) for n in range(nodes)))
         wall = time.monotonic() - began
-        cpu = {**{name: round(cpu_seconds(pid) - cpu[name], 2) for name, pid in processes.items()},
-               "temporal": round(world.temporal_cpu() - cpu["temporal"], 2)}
+        cpu = cpu_since(world, cpu)
     # The visibility store catches up with the starts. Every node's alert was answered 202 at last,
     # so every node has a run: an alert retried after a 503 whose start had gone through is
     # answered `attached`, and `started` counts fewer than the runs there are.
@@ -263,7 +278,8 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
             "started": started, "runbooks": len(runbooks), "exactly_one_runbook_per_node": len(runbooks) == nodes,
             "wall_s": round(wall, 2), "runbooks_started_per_s": round(rate, 1), "cpu_s": cpu,
             "waited_for_a_quiet_server_s": settled,
-            "floor_starts_per_s": floor_rate, "floor": "one-activity workflows started at once from one client, "
+            "floor_starts_per_s": floor_rate, "floor_temporal_cpu_s": floor_temporal_cpu,
+            "floor": "one-activity workflows started at once from one client, "
                                                         "a worker running them",
             "over_floor": round(rate / floor_rate, 2), "target_ratio": TARGET_RATIO,
             "meets_target": rate / floor_rate >= TARGET_RATIO and len(runbooks) == nodes and not not_the_server,

@@ -199,10 +199,14 @@ class AlertReceiver:
             payload = AlertmanagerPayload.model_validate(json.loads(body))
         except (ValueError, ValidationError, RecursionError) as exc:
             return self._refuse(400, "invalid", _reason(exc))
+        handling = [asyncio.ensure_future(self.handle(alert)) for alert in payload.alerts]
         try:
-            answers = await asyncio.gather(*(self.handle(alert) for alert in payload.alerts))
+            answers = await asyncio.gather(*handling)
         except (TimeoutError, TemporalUnavailable, WebhookBusy) as exc:
             return self.unavailable(exc)
+        finally:  # the batch is answered 503 as a whole and resent: the rest of it stops here
+            for task in handling:
+                task.cancel()
         return JSONResponse({"alerts": [a.model_dump() for a in answers]}, status_code=202)
 
     async def healthz(self, request: Request) -> Response:
