@@ -279,8 +279,7 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
             "wall_s": round(wall, 2), "runbooks_started_per_s": round(rate, 1), "cpu_s": cpu,
             "waited_for_a_quiet_server_s": settled,
             "floor_starts_per_s": floor_rate, "floor_temporal_cpu_s": floor_temporal_cpu,
-            "floor": "one-activity workflows started at once from one client, "
-                                                        "a worker running them",
+            "floor": "one-activity workflows started at once from one client, a worker running them",
             "over_floor": round(rate / floor_rate, 2), "target_ratio": TARGET_RATIO,
             "meets_target": rate / floor_rate >= TARGET_RATIO and len(runbooks) == nodes and not not_the_server,
             "http_503": refused, "http_503_not_the_server": not_the_server}

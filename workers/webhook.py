@@ -57,8 +57,9 @@ MAX_BODY = 1024 * 1024  # Alertmanager batches are small; a megabyte is a misbeh
 # Alerts talking to Temporal at once, for all requests together. A fleet's burst goes to the server
 # at once, as one client's starts would: what refuses it is the server's own admission (its
 # frontend's rate limits answer RESOURCE_EXHAUSTED). At 64 the 500 starts of a burst trickled in
-# while the first runs' work took the server: 58 starts/s against 103/s at 1,000 (bench/alert_storm,
-# production server, 2 cores). The bound keeps a flood of batches from holding unbounded memory.
+# while the first runs' work took the server: 58 starts/s against 103/s at 1,000 (the receiver's
+# own calls, 500 at once, production server, FleetMedic's worker running them, 2 cores). The bound
+# keeps a flood of batches from holding unbounded memory.
 MAX_CONCURRENT_CALLS = 1000
 T = TypeVar("T")
 
