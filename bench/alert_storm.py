@@ -47,8 +47,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -58,6 +59,7 @@ from bench import floor
 from bench.stats import percentile
 from bench.world import SERVERS, TOKEN, BenchWorld, cpu_seconds, on_each
 
+T = TypeVar("T")
 TARGET_RATIO = 0.8  # DESIGN.md: a storm's and a burst's rates at least 0.8x their floors
 
 
@@ -147,10 +149,8 @@ async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dic
     sent_again = sum(n for code, n in statuses.items()
                      if (code.isdigit() and int(code) >= 500) or not code[:1].isdigit()) * GPUS_ALERTING
     settled.append(await world.until_quiet())
-    floor_temporal_cpu = world.temporal_cpu()
-    raw = await floor.signal_with_start_per_s(world.client, [[str(a["labels"]["node"]) for a in batch]  # type: ignore[index]
-                                                             for batch in work], senders)
-    floor_temporal_cpu = round(world.temporal_cpu() - floor_temporal_cpu, 2)  # with its trivial runs' finish
+    raw, floor_temporal_cpu = await with_server_cpu(world, floor.signal_with_start_per_s(  # and its runs' finish
+        world.client, [[str(a["labels"]["node"]) for a in batch] for batch in work], senders))  # type: ignore[index]
     return {
         "alerts": len(answers), "nodes": nodes, "senders": senders,
         "requests": len(latencies), "http_statuses": dict(sorted(statuses.items())),
@@ -186,6 +186,14 @@ def cpu_now(world: BenchWorld) -> dict[str, float]:
 
 def cpu_since(world: BenchWorld, before: dict[str, float]) -> dict[str, float]:
     return {name: round(seconds - before[name], 2) for name, seconds in cpu_now(world).items()}
+
+
+async def with_server_cpu(world: BenchWorld, work: Awaitable[T]) -> tuple[T, float]:
+    """`work`'s result, and the Temporal server's CPU seconds while it ran (a floor: its starts or
+    signals, and its trivial runs to their end)."""
+    before = world.temporal_cpu()
+    result = await work
+    return result, round(world.temporal_cpu() - before, 2)
 
 
 async def post(http: httpx.AsyncClient, body: Mapping[str, object], statuses: dict[str, int]) -> httpx.Response:
@@ -251,9 +259,7 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
         # workflows started at once from one client, a worker running them (the runbooks below run
         # on FleetMedic's worker as they start).
         settled = [await world.until_quiet()]
-        floor_temporal_cpu = world.temporal_cpu()
-        floor_rate = await floor.starts_per_s(world.client, nodes)
-        floor_temporal_cpu = round(world.temporal_cpu() - floor_temporal_cpu, 2)  # with its runs' finish
+        floor_rate, floor_temporal_cpu = await with_server_cpu(world, floor.starts_per_s(world.client, nodes))
         settled.append(await world.until_quiet())
         cpu = cpu_now(world)
         began = time.monotonic()

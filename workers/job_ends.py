@@ -120,8 +120,6 @@ class JobEndReceiver:
             if exc.status == RPCStatusCode.INVALID_ARGUMENT:
                 return self._answer(index, end.job, "refused", f"Temporal refused it: {exc.message[:200]}",
                                     "temporal_invalid_argument")
-            if exc.status == RPCStatusCode.DEADLINE_EXCEEDED:  # answered as the slot's own deadline
-                raise TimeoutError from exc
             raise TemporalUnavailable.from_rpc(exc) from exc
         return self._answer(index, end.job, "recorded", f"{end.state} on {len(end.nodes)} node(s)", "recorded")
 

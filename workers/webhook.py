@@ -252,8 +252,6 @@ class AlertReceiver:
                 # the batch goes on, and the answer says why.
                 return self._answer(alert, decision.runbook, decision.workflow_id, "refused",
                                     f"Temporal refused it: {exc.message[:200]}", "temporal_invalid_argument")
-            if exc.status == RPCStatusCode.DEADLINE_EXCEEDED:  # the call's own deadline, the slot's twin
-                raise TimeoutError from exc
             raise TemporalUnavailable.from_rpc(exc) from exc
         if copy is not None:
             self.resends.remember(copy)
@@ -323,9 +321,14 @@ class AlertReceiver:
         return timedelta(seconds=self.temporal_timeout)
 
     async def _temporal(self, call: Callable[[], Awaitable[T]]) -> T:
-        """A Temporal call, inside a `slot()`."""
+        """A Temporal call, inside a `slot()`. Its own deadline passing is the slot's timeout
+        (`temporal_timeout`, both): answered as Temporal not answering, not as it refusing."""
         try:
             return await call()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.DEADLINE_EXCEEDED:
+                raise TimeoutError from exc
+            raise
         except RuntimeError as exc:  # the client could not connect at all
             raise TemporalUnavailable(str(exc)) from exc
 
