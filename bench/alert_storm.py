@@ -22,6 +22,13 @@ Each case's floor is measured in the same run on the same server: for the storm,
 (batch by batch, as many senders) sent as raw signal-with-start calls from one client to a trivial
 run per node. Target: ≥ 0.8× its rate, exactly one run per node, nothing lost.
 
+Those floors' runs make one activity, or none; a runbook's run makes its steps (about ten activities
+in shadow mode) while the alerts still arrive, each of them writes to the same server. So each case
+is also restated like for like (`floor_like_for_like`): the same floor, each of its runs making as
+many do-nothing activities as the case's runs made (counted in their histories), and the storm is
+sent once more for other nodes with the worker paused (`alert_path_with_runs_held`): the webhook
+and Temporal taking the alerts while no run makes a step. Its runs, let go, run before the floors.
+
 `fleetmedic webhook` and `fleetmedic worker` run as processes of their own, as deployed (bench/world.py:
 the real Kubernetes control plane, slurmctld, the Temporal dev server), the worker in shadow mode, so
 runbooks start, run and close while alerts arrive; the senders are this process. (The webhook and the
@@ -43,15 +50,18 @@ import contextlib
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 import httpx
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHistory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -64,9 +74,10 @@ TARGET_RATIO = 0.8  # DESIGN.md: a storm's and a burst's rates at least 0.8x the
 
 
 GPUS_ALERTING = 2  # alerts in each node's group (one per GPU)
+HELD = "storm-held"  # the cluster of the storm sent again with the runs held
 
 
-def batches(alerts: int, nodes: int) -> list[list[dict[str, object]]]:
+def batches(alerts: int, nodes: int, cluster: str = "storm") -> list[list[dict[str, object]]]:
     """Per node, its group's notifications in order: firing copies, then the resolution; each
     notification carries every alert of the group; nodes interleaved."""
     notifications = max(2, alerts // nodes // GPUS_ALERTING)
@@ -77,7 +88,7 @@ def batches(alerts: int, nodes: int) -> list[list[dict[str, object]]]:
             out.append([{"status": status, "fingerprint": f"n{n}-gpu{gpu}", "startsAt": "2026-11-30T00:00:00Z",
                          **({"endsAt": "2026-11-30T00:10:00Z"} if status == "resolved" else {}),
                          "labels": {"alertname": "FleetMedicGpuXid", "node": f"gpu-{n}", "gpu": str(gpu),
-                                    "xid": "79", "cluster": "storm"}} for gpu in range(GPUS_ALERTING)])
+                                    "xid": "79", "cluster": cluster}} for gpu in range(GPUS_ALERTING)])
     # Keep each node's own order (firing before its resolution) but interleave the nodes.
     random.seed(7)
     by_node: dict[str, list[list[dict[str, object]]]] = {}
@@ -95,34 +106,9 @@ def batches(alerts: int, nodes: int) -> list[list[dict[str, object]]]:
 
 async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dict[str, object]:
     work = batches(alerts, nodes)
-    # One sender per node at a time keeps a node's firing before its resolution, as Alertmanager does.
-    node_locks: dict[str, asyncio.Lock] = {}
-    latencies: list[float] = []
-    answers: list[dict[str, str]] = []
-    statuses: dict[str, int] = {}
-    queue: asyncio.Queue[list[dict[str, object]]] = asyncio.Queue()
-    for batch in work:
-        queue.put_nowait(batch)
-
-    async def sender() -> None:
-        async with webhook_client(world, 1) as http:
-            while not queue.empty():
-                batch = queue.get_nowait()
-                node = str(batch[0]["labels"]["node"])  # type: ignore[index]
-                async with node_locks.setdefault(node, asyncio.Lock()):
-                    body = {"version": "4", "groupKey": node, "status": batch[0]["status"],
-                            "receiver": "fleetmedic", "alerts": batch}
-                    began = time.monotonic()
-                    response = await post(http, body, statuses)
-                    latencies.append(time.monotonic() - began)
-                    answers.extend(response.json()["alerts"])
-
     settled = [await world.until_quiet()]  # the world's start-up (its nodes, the worker's own runs)
-    cpu = cpu_now(world)
-    began = time.monotonic()
-    await asyncio.gather(*(sender() for _ in range(senders)))
-    wall = time.monotonic() - began
-    cpu = cpu_since(world, cpu)
+    sent = await send(world, work, senders)
+    answers, statuses, latencies, wall = sent.answers, sent.statuses, sent.latencies, sent.wall
     delivered = sum(1 for a in answers if a["action"] in ("started", "attached"))
     # A signal that arrives while its run's workflow task is in flight is buffered by the server and
     # written to the history when that task completes: count until the histories hold them all, or
@@ -131,10 +117,8 @@ async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dic
     counted_at = time.monotonic()
     while True:
         runs = await runs_of(world, "storm")
-        signalled = 0
-        for workflow_id, run_id in runs:
-            history = await world.client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
-            signalled += sum(1 for e in history.events if e.HasField("workflow_execution_signaled_event_attributes"))
+        signalled = sum([event_count(history, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED)
+                         for history in await histories(world, runs)])
         if signalled >= delivered or time.monotonic() - counted_at > 60:
             break
         await asyncio.sleep(2)
@@ -149,8 +133,15 @@ async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dic
     sent_again = sum(n for code, n in statuses.items()
                      if (code.isdigit() and int(code) >= 500) or not code[:1].isdigit()) * GPUS_ALERTING
     settled.append(await world.until_quiet())
+    steps = await steps_per_run(world, runs)  # the runs have ended: all their steps
+    held = await with_runs_held(world, lambda: send(world, batches(alerts, nodes, HELD), senders))
+    settled.append(await world.until_quiet())  # the held runs, let go, have run
+    node_batches = [[str(a["labels"]["node"]) for a in batch] for batch in work]  # type: ignore[index]
     raw, floor_temporal_cpu = await with_server_cpu(world, floor.signal_with_start_per_s(  # and its runs' finish
-        world.client, [[str(a["labels"]["node"]) for a in batch] for batch in work], senders))  # type: ignore[index]
+        world.client, node_batches, senders))
+    settled.append(await world.until_quiet())
+    like, like_temporal_cpu = await with_server_cpu(world, floor.signal_with_start_per_s(
+        world.client, node_batches, senders, steps=round(steps)))
     return {
         "alerts": len(answers), "nodes": nodes, "senders": senders,
         "requests": len(latencies), "http_statuses": dict(sorted(statuses.items())),
@@ -165,16 +156,107 @@ async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dic
         "alerts_in_requests_sent_again": sent_again,
         "histories_counted_after_s": round(time.monotonic() - counted_at, 1),
         "waited_for_a_quiet_server_s": settled,
-        "alerts_per_s": round(rate, 1),
-        "cpu_s": cpu, "floor": {**raw, "what": "the same alerts as raw signal-with-start calls from one client",
-                                "temporal_cpu_s": floor_temporal_cpu},
+        "alerts_per_s": round(rate, 1), "activities_per_run": round(steps, 1),
+        "cpu_s": sent.cpu, "floor": {**raw, "what": "the same alerts as raw signal-with-start calls from one client",
+                                     "temporal_cpu_s": floor_temporal_cpu},
         "over_floor": round(rate / raw["alerts_per_s"], 2), "target_ratio": TARGET_RATIO,
         "meets_target": rate / raw["alerts_per_s"] >= TARGET_RATIO and len(runbooks) == nodes and lost == 0
         and copies <= sent_again,
+        # Restated like for like: the floor's runs make as many steps as the runbooks' runs made
+        # (their activities, counted in their histories), while the alerts arrive.
+        "floor_like_for_like": {**like, "what": "the same raw signal-with-start calls, each run making as many "
+                                                "do-nothing activities as a runbook's run made",
+                                "temporal_cpu_s": like_temporal_cpu},
+        "over_floor_like_for_like": round(rate / like["alerts_per_s"], 2),
+        "meets_target_like_for_like": rate / like["alerts_per_s"] >= TARGET_RATIO and len(runbooks) == nodes
+        and lost == 0 and copies <= sent_again,
+        "alert_path_with_runs_held": held.summary(raw["alerts_per_s"]),
         "request_p50_ms": round(statistics.median(latencies) * 1000, 1),
         "request_p99_ms": round(percentile(latencies, 99) * 1000, 1),
         "wall_s": round(wall, 1),
     }
+
+
+class Sent:
+    """A storm's batches sent: every alert's answer, every HTTP status, each request's latency, the
+    wall time, and each process's CPU seconds meanwhile."""
+
+    def __init__(self) -> None:
+        self.answers: list[dict[str, str]] = []
+        self.statuses: dict[str, int] = {}
+        self.latencies: list[float] = []
+        self.wall = 0.0
+        self.cpu: dict[str, float] = {}
+
+    def summary(self, floor_rate: float) -> dict[str, object]:
+        rate = len(self.answers) / self.wall
+        return {"alerts_per_s": round(rate, 1), "over_floor": round(rate / floor_rate, 2),
+                "http_statuses": dict(sorted(self.statuses.items())), "cpu_s": self.cpu,
+                "request_p99_ms": round(percentile(self.latencies, 99) * 1000, 1), "wall_s": round(self.wall, 1),
+                "what": "the same storm for other nodes' runbooks, the worker paused (SIGSTOP) until it "
+                        "had been sent: the webhook and Temporal taking alerts, no run making its steps"}
+
+
+async def send(world: BenchWorld, work: list[list[dict[str, object]]], senders: int) -> Sent:
+    """The batches, sent by `senders` concurrent senders over HTTP as Alertmanager sends them."""
+    # One sender per node at a time keeps a node's firing before its resolution, as Alertmanager does.
+    node_locks: dict[str, asyncio.Lock] = {}
+    sent = Sent()
+    queue: asyncio.Queue[list[dict[str, object]]] = asyncio.Queue()
+    for batch in work:
+        queue.put_nowait(batch)
+
+    async def sender() -> None:
+        async with webhook_client(world, 1) as http:
+            while not queue.empty():
+                batch = queue.get_nowait()
+                node = str(batch[0]["labels"]["node"])  # type: ignore[index]
+                async with node_locks.setdefault(node, asyncio.Lock()):
+                    body = {"version": "4", "groupKey": node, "status": batch[0]["status"],
+                            "receiver": "fleetmedic", "alerts": batch}
+                    began = time.monotonic()
+                    response = await post(http, body, sent.statuses)
+                    sent.latencies.append(time.monotonic() - began)
+                    sent.answers.extend(response.json()["alerts"])
+
+    cpu = cpu_now(world)
+    began = time.monotonic()
+    await asyncio.gather(*(sender() for _ in range(senders)))
+    sent.wall = time.monotonic() - began
+    sent.cpu = cpu_since(world, cpu)
+    return sent
+
+
+async def with_runs_held(world: BenchWorld, work: Callable[[], Awaitable[T]]) -> T:
+    """`work` with FleetMedic's worker paused (SIGSTOP, by its PID), resumed after whatever happens:
+    the runs it starts wait, their steps unmade, until `work` is done."""
+    os.kill(world.worker_pid(), signal.SIGSTOP)
+    try:
+        return await work()
+    finally:
+        os.kill(world.worker_pid(), signal.SIGCONT)
+
+
+async def histories(world: BenchWorld, runs: list[tuple[str, str]]) -> list[WorkflowHistory]:
+    """The runs' histories, 20 read at a time (one after another, 500 of them took the storm's count
+    minutes on a server still running the runs)."""
+    reading = asyncio.Semaphore(20)
+
+    async def read(workflow_id: str, run_id: str) -> WorkflowHistory:
+        async with reading:
+            return await world.client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+    return list(await asyncio.gather(*(read(workflow_id, run_id) for workflow_id, run_id in runs)))
+
+
+def event_count(history: WorkflowHistory, kind: EventType.ValueType) -> int:
+    return sum(1 for e in history.events if e.event_type == kind)
+
+
+async def steps_per_run(world: BenchWorld, runs: list[tuple[str, str]]) -> float:
+    """The activities the server scheduled per run, on average (a local activity is no server call of
+    its own, and not counted): the steps the like-for-like floor's runs make."""
+    scheduled = [event_count(h, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED) for h in await histories(world, runs)]
+    return sum(scheduled) / max(len(scheduled), 1)
 
 
 def cpu_now(world: BenchWorld) -> dict[str, float]:
@@ -276,6 +358,12 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
     # Every run there is was started by the last 202; `started` alone misses the starts whose
     # answer was a 503 (the retry is answered `attached`).
     rate = len(runbooks) / wall
+    # Restated like for like: the floor's runs make as many steps as the burst's runs made.
+    settled.append(await world.until_quiet())
+    steps = await steps_per_run(world, await runs_of(world, "burst"))
+    settled.append(await world.until_quiet())
+    like_rate, like_temporal_cpu = await with_server_cpu(world, floor.starts_per_s(world.client, nodes,
+                                                                                   steps=max(round(steps), 1)))
     refused = sum(n for status, n in statuses.items() if status == "503")
     # The target allows a 503 only where the server itself refuses (RESOURCE_EXHAUSTED, unavailable).
     not_the_server = sum(n for status, n in statuses.items()
@@ -288,12 +376,19 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
             "floor": "one-activity workflows started at once from one client, a worker running them",
             "over_floor": round(rate / floor_rate, 2), "target_ratio": TARGET_RATIO,
             "meets_target": rate / floor_rate >= TARGET_RATIO and len(runbooks) == nodes and not not_the_server,
+            "activities_per_run": round(steps, 1),
+            "floor_like_for_like": {"starts_per_s": like_rate, "temporal_cpu_s": like_temporal_cpu,
+                                    "what": "as many workflows started at once, each making as many do-nothing "
+                                            "activities as a runbook's run made"},
+            "over_floor_like_for_like": round(rate / like_rate, 2),
+            "meets_target_like_for_like": rate / like_rate >= TARGET_RATIO and len(runbooks) == nodes
+            and not not_the_server,
             "http_503": refused, "http_503_not_the_server": not_the_server}
 
 
 async def on(server: str, alerts: int, nodes: int, senders: int, burst_nodes: int) -> dict[str, object]:
     workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-storm-"))
-    policy = {"shadow": {"global": True}, "routing": {"clusters": ["storm", "burst"]}}
+    policy = {"shadow": {"global": True}, "routing": {"clusters": ["storm", HELD, "burst"]}}
     async with BenchWorld([f"gpu-{n}" for n in range(max(nodes, burst_nodes))], workdir, policy,
                           temporal=server) as world:
         storm_result = await storm(world, alerts, nodes, senders)

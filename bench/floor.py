@@ -16,6 +16,12 @@ case being compared starts its runs. A ratio to one of these is what FleetMedic 
 - `starts_per_s`: N one-activity workflows started at once from one client;
 - `signal_with_start_per_s`: a storm's alerts sent as raw signal-with-start calls from one client,
   each to a trivial run per node that takes signals.
+
+The last two also take `steps`: each run first makes that many activities that do nothing, one
+after another, as a runbook's run makes its steps while the alerts still arrive. Each step costs the
+server what any activity does (scheduled in a workflow task, handed out, completed, the next task),
+and nothing else: given a runbook's own count, the floor is like for like in what the runs ask of
+the server, and a ratio to it is what FleetMedic costs beyond the steps its runbook takes.
 """
 
 from __future__ import annotations
@@ -47,10 +53,23 @@ def touch(key: str) -> None:
     DONE[key] = time.time()
 
 
+@activity.defn(name="bench.step")
+def step(n: int) -> int:
+    """A runbook step that does nothing: all it costs is Temporal's part of an activity."""
+    return n
+
+
+async def make_steps(count: int) -> None:
+    """`count` do-nothing activities one after another, as a runbook makes its steps."""
+    for n in range(count):
+        await workflow.execute_activity("bench.step", n, start_to_close_timeout=timedelta(seconds=60))
+
+
 @workflow.defn(name="bench-floor", sandboxed=False)  # no sandbox: benchmarks import the world
 class Floor:
     @workflow.run
-    async def run(self, key: str) -> None:
+    async def run(self, key: str, before: int = 0) -> None:
+        await make_steps(before)
         await workflow.execute_activity("bench.touch", key, start_to_close_timeout=timedelta(seconds=10))
 
 
@@ -85,14 +104,16 @@ class Protect:
 @workflow.defn(name="bench-floor-open", sandboxed=False)
 class OpenRun:
     """A trivial run that stays open until told, as a FleetMedic run waits for its replacement; with
-    a key, it first runs one activity (so that a caller can tell when it has got to its wait)."""
+    a key, it first runs one activity (so that a caller can tell when it has got to its wait); given
+    `before`, that many do-nothing steps first."""
 
     def __init__(self) -> None:
         self.done = False
         self.signals = 0
 
     @workflow.run
-    async def run(self, key: str = "") -> int:
+    async def run(self, key: str = "", before: int = 0) -> int:
+        await make_steps(before)
         if key:
             await workflow.execute_activity("bench.touch", key, start_to_close_timeout=timedelta(seconds=60))
         await workflow.wait_condition(lambda: self.done)
@@ -115,7 +136,7 @@ SLOTS = Settings.model_fields["protective_slots"].default
 @contextlib.asynccontextmanager
 async def floor_worker(client: Client, protect: Protect | None = None) -> AsyncIterator[Worker]:
     """The floor's worker, in this process, polling as FleetMedic's worker does."""
-    activities: list[Callable[..., Any]] = [touch, *([protect.protect] if protect else [])]
+    activities: list[Callable[..., Any]] = [touch, step, *([protect.protect] if protect else [])]
     with ThreadPoolExecutor(SLOTS) as pool:
         async with Worker(client, task_queue=QUEUE, workflows=[Floor, EffectsFloor, OpenRun], activities=activities,
                           activity_executor=pool, max_concurrent_activities=SLOTS,
@@ -214,23 +235,26 @@ async def in_flight(client: Client, open_runs: int, runs: int, effects: Sequence
     return {"latencies": measured, "effects": with_effects, "ramp_s": round(ramp_s, 1)}
 
 
-async def starts_per_s(client: Client, count: int) -> float:
-    """`count` one-activity workflows started at once from one client, a worker running them: the
-    rate of the start calls, as the burst's is of its 202s."""
+async def starts_per_s(client: Client, count: int, steps: int = 1) -> float:
+    """`count` workflows of `steps` activities (one, or do-nothing steps before it) started at once
+    from one client, a worker running them: the rate of the start calls, as the burst's is of its 202s."""
     async with floor_worker(client):
         began = time.monotonic()
         keys = [f"floor-burst-{n}-{time.time_ns()}" for n in range(count)]
-        await asyncio.gather(*(client.start_workflow("bench-floor", k, id=k, task_queue=QUEUE) for k in keys))
+        await asyncio.gather(*(client.start_workflow("bench-floor", args=[k, max(steps - 1, 0)], id=k, task_queue=QUEUE)
+                               for k in keys))
         rate = count / (time.monotonic() - began)
         while not all(k in DONE for k in keys):  # let them finish before the worker goes
             await asyncio.sleep(0.05)
     return round(rate, 1)
 
 
-async def signal_with_start_per_s(client: Client, batches: Sequence[Sequence[str]], senders: int) -> dict[str, Any]:
+async def signal_with_start_per_s(client: Client, batches: Sequence[Sequence[str]], senders: int,
+                                  steps: int = 0) -> dict[str, Any]:
     """Each batch's alerts (a node name per alert) as signal-with-start calls of that node's trivial
-    run, batches taken by `senders` concurrent senders as the storm's HTTP senders take them; the
-    rate of alerts, and how many runs and signals the server holds afterwards."""
+    run (making `steps` do-nothing steps as it starts), batches taken by `senders` concurrent senders
+    as the storm's HTTP senders take them; the rate of alerts, and how many runs and signals the
+    server holds afterwards."""
     prefix = f"floor-storm-{time.time_ns()}"
     queue: asyncio.Queue[Sequence[str]] = asyncio.Queue()
     for batch in batches:
@@ -241,8 +265,9 @@ async def signal_with_start_per_s(client: Client, batches: Sequence[Sequence[str
         nonlocal sent
         while not queue.empty():
             batch = queue.get_nowait()
-            await asyncio.gather(*(client.start_workflow("bench-floor-open", id=f"{prefix}-{node}", task_queue=QUEUE,
-                                                         start_signal="alert", start_signal_args=[node])
+            await asyncio.gather(*(client.start_workflow("bench-floor-open", args=["", steps], id=f"{prefix}-{node}",
+                                                         task_queue=QUEUE, start_signal="alert",
+                                                         start_signal_args=[node])
                                    for node in batch))
             sent += len(batch)
 
@@ -257,4 +282,4 @@ async def signal_with_start_per_s(client: Client, batches: Sequence[Sequence[str
             await handle.signal("finish")
             signals += await handle.result()
     return {"alerts": sent, "alerts_per_s": round(sent / wall, 1), "runs": len(nodes), "signals": signals,
-            "wall_s": round(wall, 1)}
+            "steps_per_run": steps, "wall_s": round(wall, 1)}
