@@ -17,8 +17,8 @@ case being compared starts its runs. A ratio to one of these is what FleetMedic 
 - `signal_with_start_per_s`: a storm's alerts sent as raw signal-with-start calls from one client,
   each to a trivial run per node that takes signals.
 
-The last two also take `steps`: each run first makes that many activities that do nothing, one
-after another, as a runbook's run makes its steps while the alerts still arrive. Each step costs the
+The last two also take `steps`: each run makes that many activities in all (those that do nothing
+first, one after another), as a runbook's run makes its steps while the alerts still arrive. Each step costs the
 server what any activity does (scheduled in a workflow task, handed out, completed, the next task),
 and nothing else: given a runbook's own count, the floor is like for like in what the runs ask of
 the server, and a ratio to it is what FleetMedic costs beyond the steps its runbook takes.
@@ -252,7 +252,7 @@ async def starts_per_s(client: Client, count: int, steps: int = 1) -> float:
 async def signal_with_start_per_s(client: Client, batches: Sequence[Sequence[str]], senders: int,
                                   steps: int = 0) -> dict[str, Any]:
     """Each batch's alerts (a node name per alert) as signal-with-start calls of that node's trivial
-    run (making `steps` do-nothing steps as it starts), batches taken by `senders` concurrent senders
+    run (making `steps` activities that do nothing as it starts), batches taken by `senders` concurrent senders
     as the storm's HTTP senders take them; the rate of alerts, and how many runs and signals the
     server holds afterwards."""
     prefix = f"floor-storm-{time.time_ns()}"
