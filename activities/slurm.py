@@ -45,6 +45,7 @@ REASON_PREFIX = "fleetmedic:"
 ACTIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
 # How a job ends after the checkpoint signal: most exit 0 once their checkpoint is written.
 ENDED_AFTER_SIGNAL = ("COMPLETED", "FAILED", "CANCELLED")
+HOSTLISTS_KEPT = 4096  # expanded hostlist expressions kept (`SlurmActivities._expand`)
 NOT_FOUND_NODE = re.compile(r"Node \S+ not found")
 # FleetMedic's DRAIN or DOWN over the operator's drain keeps the operator's reason after its own
 # (the operator leaves a reason that is not its own alone): FleetMedic's RESUME puts that drain
@@ -92,17 +93,29 @@ def node_from_json(raw: dict[str, Any]) -> SlurmNode:
 
 
 def _nodes_of(raw: dict[str, Any]) -> list[str]:
-    # `nodes` is a hostlist expression; the jobs FleetMedic acts on run on one node or the
-    # expression is expanded by scontrol below when it has brackets.
+    """The job's nodes. Slurm names a job's nodes by a hostlist expression (`gpu-[001-064]`), and
+    each one by name in `job_resources.allocated_nodes` (squeue --json and slurmrestd v0.0.38
+    alike): those, where the job has them. Else the expression's parts, which `_expand` asks
+    scontrol to expand when they have brackets (no job seen here lacked them while running)."""
+    allocated = (raw.get("job_resources") or {}).get("allocated_nodes") or []
+    if isinstance(allocated, dict):  # keyed by index in some data parsers
+        allocated = list(allocated.values())
+    named = [str(n["nodename"]) for n in allocated if isinstance(n, dict) and n.get("nodename")]
+    if named:
+        return named
     text = raw.get("nodes") or ""
     return [n for n in text.split(",") if n]
 
 
-def job_from_json(raw: dict[str, Any]) -> SlurmJob:
+def _state_of(raw: dict[str, Any]) -> str:
     state = raw.get("job_state", "")
     if isinstance(state, list):
         state = state[0] if state else ""
-    return SlurmJob(job_id=int(raw["job_id"]), name=raw.get("name", ""), state=str(state).upper(),
+    return str(state).upper()
+
+
+def job_from_json(raw: dict[str, Any]) -> SlurmJob:
+    return SlurmJob(job_id=int(raw["job_id"]), name=raw.get("name", ""), state=_state_of(raw),
                     nodes=_nodes_of(raw), restart_count=int(raw.get("restart_cnt") or 0),
                     requeue=bool(raw.get("requeue", True)), work_dir=raw.get("current_working_directory", ""),
                     state_reason=raw.get("state_reason") or "")
@@ -289,6 +302,7 @@ class SlurmActivities:
         # Node updates asked at once go through one scontrol (`SlurmCli.update_nodes`); each caller
         # still waits for its own update, done by a process started after it asked.
         self.shared_updates: SharedReads[NodeUpdate, Exception] = SharedReads(cli.update_nodes, max_keys=100)
+        self.hostnames: dict[str, list[str]] = {}  # hostlist expressions scontrol expanded (`_expand`)
 
     def slurm_name(self, node: str) -> str | None:
         """The Slurm node of Kubernetes node `node` (None: it has none, policy `slurm.mapping`)."""
@@ -329,15 +343,16 @@ class SlurmActivities:
 
     @activity.defn(name="slurm.jobs_on_node")
     def jobs_on_node(self, node: str) -> list[SlurmJob]:
-        if not self.slinky:
-            jobs = [job_from_json(raw) for raw in self._jobs()]
-            return [j for j in jobs if node in self._expand(j.nodes) and j.state in ACTIVE_JOB_STATES]
-        slurm = self.slurm_name(node)
+        slurm = self.slurm_name(node) if self.slinky else node
         if slurm is None:
             return []
-        jobs = [job_from_json(raw) for raw in self._jobs()]
-        jobs = [j.model_copy(update={"nodes": self._expand(j.nodes)}) for j in jobs if j.state in ACTIVE_JOB_STATES]
-        return self._as_kubernetes([j for j in jobs if slurm in j.nodes])
+        # Only this node's jobs become models: a fleet's job list has thousands, read by every run
+        # asking at once (each read shared, each caller filtering it).
+        jobs = [job_from_json(raw) for raw in self._jobs()
+                if _state_of(raw) in ACTIVE_JOB_STATES and slurm in self._expand(_nodes_of(raw))]
+        if not self.slinky:
+            return jobs
+        return self._as_kubernetes([j.model_copy(update={"nodes": self._expand(j.nodes)}) for j in jobs])
 
     def _as_kubernetes(self, jobs: list[SlurmJob]) -> list[SlurmJob]:
         """Jobs with their nodes as Kubernetes names them (Slinky: the nodes their slurmd pods run
@@ -349,7 +364,14 @@ class SlurmActivities:
     def _expand(self, nodes: list[str]) -> list[str]:
         if not any("[" in n for n in nodes):
             return nodes
-        return self.cli.run("scontrol", "show", "hostnames", ",".join(nodes)).split()
+        expression = ",".join(nodes)
+        # A hostlist names the same nodes forever: each expression is expanded by scontrol once.
+        if (known := self.hostnames.get(expression)) is None:
+            known = self.cli.run("scontrol", "show", "hostnames", expression).split()
+            if len(self.hostnames) >= HOSTLISTS_KEPT:
+                self.hostnames.clear()
+            self.hostnames[expression] = known
+        return known
 
     @activity.defn(name="slurm.get_job")
     def get_job(self, job_id: int) -> SlurmJob:
@@ -436,7 +458,7 @@ class SlurmActivities:
         if job.state not in ACTIVE_JOB_STATES and not ended_after_signal:
             return self._result("requeue", target, changed=False, request=request,
                                 detail=f"job is {job.state}: nothing to requeue")
-        if request.node and request.node not in job.nodes:
+        if request.node and request.node not in self._expand(job.nodes):
             # Checked right before the kill: Slurm requeued it already and it restarted elsewhere.
             where = ",".join(job.nodes) or "no node"
             return self._result("requeue", target, changed=False, request=request,

@@ -224,6 +224,27 @@ def test_a_failed_update_among_others_fails_only_its_caller(slurm: LocalSlurmClu
     assert "DOWN" in slurm.node_states("gpu-node-0")
 
 
+def test_a_job_on_several_nodes_is_on_each_of_them(slurm: LocalSlurmCluster) -> None:
+    """A training job spans nodes, which Slurm names by a hostlist expression (`gpu-node-[1-2]`): the
+    job is on each of them, so a bad node's runbook finds it there and its requeue is not skipped
+    as "runs elsewhere". And reading the jobs starts no `scontrol` per job to expand its hostlist:
+    squeue --json names each node already, and a fleet has thousands of multi-node jobs."""
+    cli = SlurmCli(str(slurm.conf), timeout_s=10)
+    acts = SlurmActivities(cli)
+    job = slurm.submit(SLEEPER, "-N", "2", "-w", "gpu-node-1,gpu-node-2")
+    assert job_on(slurm, job) == "gpu-node-[1-2]"
+    spy = HeldReads(cli, ("none held",))
+    for node in ("gpu-node-1", "gpu-node-2"):
+        jobs = run(acts.jobs_on_node, node)
+        assert [(j.job_id, j.nodes) for j in jobs] == [(job, ["gpu-node-1", "gpu-node-2"])]
+    assert run(acts.jobs_on_node, "gpu-node-0") == []
+    assert run(acts.get_job, job).nodes == ["gpu-node-1", "gpu-node-2"]
+    assert spy.runs_of("squeue") and not spy.runs_of("scontrol", "show", "hostnames")
+    requeued = run(acts.requeue_job, RequeueJob(job_id=job, node="gpu-node-2"))
+    assert requeued.changed, requeued.detail
+    assert "Restarts=1" in slurm.run("scontrol", "show", "job", "-o", str(job)).stdout
+
+
 def test_jobs_are_read_once_for_the_runs_asking_together(slurm: LocalSlurmCluster) -> None:
     cli = SlurmCli(str(slurm.conf), timeout_s=10)
     acts = SlurmActivities(cli)
