@@ -303,10 +303,16 @@ def test_reads_through_slurmrestd_match_the_cli(rest_slurm: LocalSlurmCluster) -
     rest = SlurmActivities(cli, SlurmRest(rest_slurm.rest_url, rest_slurm.token(), "root", timeout_s=10))
     job = rest_slurm.submit(SLEEPER)
     node = job_on(rest_slurm, job)
+    both = rest_slurm.submit(SLEEPER, "-N", "2")  # on gpu-node-[0-1]: each node named by Slurm, in both
+    assert job_on(rest_slurm, both) == "gpu-node-[0-1]"
     run(rest.set_node_state, SetSlurmNodeState(node="gpu-node-1" if node == "gpu-node-0" else "gpu-node-0",
                                                state=SlurmNodeState.DRAIN, reason="fleetmedic: test"))
     via_cli = SlurmActivities(cli)
-    assert run(rest.jobs_on_node, node) == run(via_cli.jobs_on_node, node)
+    for name in rest_slurm.nodes:
+        on_node = run(rest.jobs_on_node, name)
+        assert on_node == run(via_cli.jobs_on_node, name)
+        assert [(j.job_id, j.nodes) for j in on_node if j.job_id == both] == [(both, ["gpu-node-0", "gpu-node-1"])]
+    assert {j.job_id for j in run(rest.jobs_on_node, node)} == {job, both}
     def seen(node: SlurmNode) -> tuple[object, ...]:
         # What FleetMedic decides on. slurmrestd 0.0.38 calls a partly used node "allocated" where
         # scontrol says "mixed": both are busy, neither out of service.
