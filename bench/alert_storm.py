@@ -262,9 +262,11 @@ async def steps_per_run(world: BenchWorld, runs: list[tuple[str, str]]) -> float
 
 def cpu_now(world: BenchWorld) -> dict[str, float]:
     """CPU seconds so far of each process a case involves; "senders" is this process,
-    Alertmanager's stand-in (and the node watch of bench/world.py)."""
-    processes = {"webhook": world.webhook_pid(), "worker": world.worker_pid(), "senders": os.getpid()}
-    return {**{name: cpu_seconds(pid) for name, pid in processes.items()}, "temporal": world.temporal_cpu()}
+    Alertmanager's stand-in (and the node watch of bench/world.py); "worker" counts the Slurm
+    commands the worker starts."""
+    processes = {"webhook": world.webhook_pid(), "senders": os.getpid()}
+    return {**{name: cpu_seconds(pid) for name, pid in processes.items()}, "worker": world.worker_cpu(),
+            "temporal": world.temporal_cpu()}
 
 
 def cpu_since(world: BenchWorld, before: dict[str, float]) -> dict[str, float]:

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.histories import timed_out_tasks
-from bench.world import CLUSTER, SERVERS, BenchWorld, count, cpu_seconds, on_each, peak_rss_mib, start_xid_runs
+from bench.world import CLUSTER, SERVERS, BenchWorld, count, on_each, peak_rss_mib, start_xid_runs
 
 WAITING = f'FleetCluster = "{CLUSTER}" AND FleetStep = "wait for node Ready"'
 CLOSED = f'FleetCluster = "{CLUSTER}" AND ExecutionStatus != "Running"'
@@ -63,7 +63,7 @@ async def on(server: str, runs: int, deadline_s: float, hold_s: float, wait_hear
     # everything else (after 40 min not one run had got there): a 20-minute lease is ~4 a second.
     async with BenchWorld(nodes, workdir, policy, webhook=False, node_lease_s=1200,
                           worker_env={"FLEETMEDIC_WORKER_MEMORY": worker_memory}, temporal=server) as world:
-        worker_cpu, server_cpu = cpu_seconds(world.worker_pid()), world.temporal_cpu()
+        worker_cpu, server_cpu = world.worker_cpu(), world.temporal_cpu()
         began = time.monotonic()
         await start_xid_runs(world.client, nodes, 200)
         waiting = 0
@@ -73,16 +73,16 @@ async def on(server: str, runs: int, deadline_s: float, hold_s: float, wait_hear
                 break
             await asyncio.sleep(5)
         ramp_s = time.monotonic() - began
-        worker_cpu = cpu_seconds(world.worker_pid()) - worker_cpu
+        worker_cpu = world.worker_cpu() - worker_cpu
         server_cpu = world.temporal_cpu() - server_cpu
         # The waits alone once every run is there (all_there): nothing else moves, the replacements
         # take longer than the benchmark. Otherwise the ramp goes on during the hold.
         beats, hold_began = world.server_requests(HEARTBEAT), time.monotonic()
-        hold_worker_cpu, hold_server_cpu = cpu_seconds(world.worker_pid()), world.temporal_cpu()
+        hold_worker_cpu, hold_server_cpu = world.worker_cpu(), world.temporal_cpu()
         await asyncio.sleep(hold_s)
         held = time.monotonic() - hold_began
         beats = world.server_requests(HEARTBEAT) - beats
-        hold_worker_cpu = cpu_seconds(world.worker_pid()) - hold_worker_cpu
+        hold_worker_cpu = world.worker_cpu() - hold_worker_cpu
         hold_server_cpu = world.temporal_cpu() - hold_server_cpu
         rss = peak_rss_mib(world.worker_pid())
         closed = await count(world.client, CLOSED)

@@ -277,6 +277,12 @@ class BenchWorld:
         dev server, whose log is not read."""
         return self.production.server_log if self.temporal_kind == "production" else None
 
+    def worker_cpu(self) -> float:
+        """CPU seconds so far of the worker with the processes it starts: scontrol and squeue (a
+        protective step's Slurm reads and writes are each a process of its own, about a third of
+        what the worker spends on a run's first task here), which a worker's pod pays for too."""
+        return tree_cpu_seconds(self.worker_pid())
+
     def temporal_cpu(self) -> float:
         """CPU seconds so far of the Temporal server: the dev server's process, or temporal-server
         and PostgreSQL (every backend process) together."""
