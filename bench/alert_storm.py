@@ -31,7 +31,9 @@ and Temporal taking the alerts while no run makes a step. Its runs, let go, run 
 
 `fleetmedic webhook` and `fleetmedic worker` run as processes of their own, as deployed (bench/world.py:
 the real Kubernetes control plane, slurmctld, the Temporal dev server), the worker in shadow mode, so
-runbooks start, run and close while alerts arrive; the senders are this process. (The webhook and the
+runbooks start, run and close while alerts arrive; the senders are this process, each a kept-alive
+connection written and read with asyncio's streams (bench/http_post.py: Alertmanager runs elsewhere,
+and httpx cost the shared cores as much as the webhook answering it). (The webhook and the
 worker once ran as threads of the senders' process: one interpreter for all three, which measured
 the GIL more than the webhook.) Every HTTP status is kept, including the 503s a sender retries after
 (as Alertmanager does): a retry never hides a 5xx.
@@ -59,13 +61,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-import httpx
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import floor
+from bench.http_post import Broken, Poster, Response
 from bench.stats import percentile
 from bench.world import SERVERS, TOKEN, BenchWorld, cpu_seconds, on_each
 
@@ -208,7 +210,7 @@ async def send(world: BenchWorld, work: list[list[dict[str, object]]], senders: 
         queue.put_nowait(batch)
 
     async def sender() -> None:
-        async with webhook_client(world, 1) as http:
+        async with webhook_client(world) as http:
             while not queue.empty():
                 batch = queue.get_nowait()
                 node = str(batch[0]["labels"]["node"])  # type: ignore[index]
@@ -281,15 +283,15 @@ async def with_server_cpu(world: BenchWorld, work: Awaitable[T]) -> tuple[T, flo
     return result, round(world.temporal_cpu() - before, 2)
 
 
-async def post(http: httpx.AsyncClient, body: Mapping[str, object], statuses: dict[str, int]) -> httpx.Response:
+async def post(http: Poster, body: Mapping[str, object], statuses: dict[str, int]) -> Response:
     """POST a batch as Alertmanager does: a 5xx, or a connection that broke (a kept-alive one the
     server closed as it was reused), is sent again. Every answer and every break is counted, and a
     5xx also under its reason code ("503 webhook_busy")."""
     while True:
         try:
-            response = await http.post("/v1/alerts/alertmanager", json=body)
-        except httpx.TransportError as exc:
-            statuses[type(exc).__name__] = statuses.get(type(exc).__name__, 0) + 1
+            response = await http.post("/v1/alerts/alertmanager", body)
+        except Broken as exc:
+            statuses[str(exc)] = statuses.get(str(exc), 0) + 1
             continue
         statuses[str(response.status_code)] = statuses.get(str(response.status_code), 0) + 1
         if response.status_code < 500:
@@ -298,7 +300,7 @@ async def post(http: httpx.AsyncClient, body: Mapping[str, object], statuses: di
         statuses[reason] = statuses.get(reason, 0) + 1
 
 
-def _reason(response: httpx.Response) -> str:
+def _reason(response: Response) -> str:
     try:
         return str(response.json().get("reason", "?"))
     except ValueError:
@@ -310,10 +312,10 @@ async def runs_of(world: BenchWorld, cluster: str) -> list[tuple[str, str]]:
     return [(w.id, w.run_id) async for w in world.client.list_workflows(f'FleetCluster = "{cluster}"')]
 
 
-def webhook_client(world: BenchWorld, connections: int) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    return httpx.AsyncClient(base_url=world.http.base_url, timeout=60, limits=limits,
-                             headers={"Authorization": f"Bearer {TOKEN}"})
+def webhook_client(world: BenchWorld) -> Poster:
+    """One of Alertmanager's connections to the webhook (bench/http_post.py: a client that costs the
+    shared cores little, as the real one runs elsewhere)."""
+    return Poster(str(world.http.base_url), {"Authorization": f"Bearer {TOKEN}"})
 
 
 async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
@@ -321,10 +323,10 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
     CPU seconds each process spent on it."""
     statuses: dict[str, int] = {}
     started = 0
-    # A client per node, made before the clock starts, as each Alertmanager group notifies on its
-    # own: one client with 500 connections spent ~10 CPU-s of the 2 cores in httpcore's pool
-    # bookkeeping (quadratic in its connections; py-spy of this process), and the burst measured that.
-    senders = [webhook_client(world, 1) for _ in range(nodes)]
+    # A connection per node, as each Alertmanager group notifies on its own (one httpx client with
+    # 500 connections once spent ~10 CPU-s of the 2 cores in its pool's bookkeeping, and the burst
+    # measured that).
+    senders = [webhook_client(world) for _ in range(nodes)]
     async with contextlib.AsyncExitStack() as open_clients:
         for sender in senders:
             await open_clients.enter_async_context(sender)
