@@ -31,6 +31,7 @@ from activities.errors import fail, http_errors, raise_for_status
 from activities.shared_reads import SharedReads
 from activities.slurm_names import OPERATOR_PREFIX, SameName, SlurmNames
 from fleetmedic.errors import ErrorKind
+from fleetmedic.job_failures import expand_hostlist
 from fleetmedic.models import (
     ActionResult,
     RequeueJob,
@@ -365,9 +366,13 @@ class SlurmActivities:
         if not any("[" in n for n in nodes):
             return nodes
         expression = ",".join(nodes)
-        # A hostlist names the same nodes forever: each expression is expanded by scontrol once.
+        # A hostlist names the same nodes forever: each expression is expanded once, here, or by
+        # scontrol where it is a form this reading does not take (two bracket groups in a name).
         if (known := self.hostnames.get(expression)) is None:
-            known = self.cli.run("scontrol", "show", "hostnames", expression).split()
+            try:
+                known = expand_hostlist(expression)
+            except ValueError:
+                known = self.cli.run("scontrol", "show", "hostnames", expression).split()
             if len(self.hostnames) >= HOSTLISTS_KEPT:
                 self.hostnames.clear()
             self.hostnames[expression] = known
@@ -458,9 +463,10 @@ class SlurmActivities:
         if job.state not in ACTIVE_JOB_STATES and not ended_after_signal:
             return self._result("requeue", target, changed=False, request=request,
                                 detail=f"job is {job.state}: nothing to requeue")
-        if request.node and request.node not in self._expand(job.nodes):
+        nodes = self._expand(job.nodes)
+        if request.node and request.node not in nodes:
             # Checked right before the kill: Slurm requeued it already and it restarted elsewhere.
-            where = ",".join(job.nodes) or "no node"
+            where = ",".join(nodes[:8]) + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "") or "no node"
             return self._result("requeue", target, changed=False, request=request,
                                 detail=f"runs on {where} now, not {request.node}: left alone")
         if self._dry(request):

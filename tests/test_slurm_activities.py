@@ -245,6 +245,36 @@ def test_a_job_on_several_nodes_is_on_each_of_them(slurm: LocalSlurmCluster) -> 
     assert "Restarts=1" in slurm.run("scontrol", "show", "job", "-o", str(job)).stdout
 
 
+class JobList:
+    """A job list as read (squeue --json's `jobs`), for the reads that lack Slurm's own list of a
+    job's nodes (`job_resources.allocated_nodes`): no running job here lacks it."""
+
+    def __init__(self, jobs: list[dict[str, Any]]) -> None:
+        self.listed = jobs
+
+    def nodes(self, names: Any) -> dict[str, SlurmNode]:
+        return {}
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return self.listed
+
+
+def test_a_hostlist_is_expanded_as_slurm_does(slurm: LocalSlurmCluster) -> None:
+    """A job read without its nodes by name: its hostlist is expanded here as Slurm's own
+    `scontrol show hostnames` does, and by scontrol itself for a form read here is not taken
+    (two bracket groups), once per expression."""
+    cli = SlurmCli(str(slurm.conf), timeout_s=10)
+    forms = {"gpu-node-[1-2]": "gpu-node-2", "n[008-011],cpu1": "n010", "r[1-2]n[1-2]": "r2n1"}
+    acts = SlurmActivities(cli, JobList([{"job_id": i, "job_state": "RUNNING", "nodes": expression}
+                                         for i, expression in enumerate(forms)]))
+    spy = HeldReads(cli, ("none held",))
+    for i, (expression, node) in enumerate(forms.items()):
+        assert acts._expand([expression]) == slurm.run("scontrol", "show", "hostnames", expression).stdout.split()
+        assert [j.job_id for j in run(acts.jobs_on_node, node)] == [i]
+        assert [j.job_id for j in run(acts.jobs_on_node, node)] == [i]  # the expression is known now
+    assert spy.runs_of("scontrol", "show", "hostnames") == [("scontrol", "show", "hostnames", "r[1-2]n[1-2]")]
+
+
 def test_jobs_are_read_once_for_the_runs_asking_together(slurm: LocalSlurmCluster) -> None:
     cli = SlurmCli(str(slurm.conf), timeout_s=10)
     acts = SlurmActivities(cli)
