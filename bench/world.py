@@ -279,8 +279,8 @@ class BenchWorld:
 
     def worker_cpu(self) -> float:
         """CPU seconds so far of the worker with the processes it starts: scontrol and squeue (a
-        protective step's Slurm reads and writes are each a process of its own, about a third of
-        what the worker spends on a run's first task here), which a worker's pod pays for too."""
+        protective step's Slurm reads and writes are each a process of its own, a quarter of what
+        the worker spends on a run's first task here), which a worker's pod pays for too."""
         return tree_cpu_seconds(self.worker_pid())
 
     def temporal_cpu(self) -> float:
