@@ -96,8 +96,8 @@ def node_from_json(raw: dict[str, Any]) -> SlurmNode:
 def _nodes_of(raw: dict[str, Any]) -> list[str]:
     """The job's nodes. Slurm names a job's nodes by a hostlist expression (`gpu-[001-064]`), and
     each one by name in `job_resources.allocated_nodes` (squeue --json and slurmrestd v0.0.38
-    alike): those, where the job has them. Else the expression's parts, which `_expand` asks
-    scontrol to expand when they have brackets (no job seen here lacked them while running)."""
+    alike): those, where the job has them. Else the expression's parts, which `_expand` expands
+    when they have brackets (no job seen here lacked the names while running)."""
     allocated = (raw.get("job_resources") or {}).get("allocated_nodes") or []
     if isinstance(allocated, dict):  # keyed by index in some data parsers
         allocated = list(allocated.values())
@@ -303,7 +303,7 @@ class SlurmActivities:
         # Node updates asked at once go through one scontrol (`SlurmCli.update_nodes`); each caller
         # still waits for its own update, done by a process started after it asked.
         self.shared_updates: SharedReads[NodeUpdate, Exception] = SharedReads(cli.update_nodes, max_keys=100)
-        self.hostnames: dict[str, list[str]] = {}  # hostlist expressions scontrol expanded (`_expand`)
+        self.hostnames: dict[str, list[str]] = {}  # hostlist expressions expanded (`_expand`)
 
     def slurm_name(self, node: str) -> str | None:
         """The Slurm node of Kubernetes node `node` (None: it has none, policy `slurm.mapping`)."""

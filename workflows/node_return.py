@@ -129,7 +129,8 @@ class ReturnSteps(ReplacementSteps):
             for job_id, before in list(pending.items()):
                 job = await self.call("confirm jobs resumed", refs.GET_JOB, job_id)
                 if job is not None and job.state == "RUNNING" and job.restart_count > before.restart_count:
-                    more = f" and {len(job.nodes) - 8} more" if len(job.nodes) > 8 else ""  # a training job's 64
+                    # A training job's nodes are tens: the first few, and how many more.
+                    more = f" and {len(job.nodes) - 8} more" if len(job.nodes) > 8 else ""
                     self.decide("confirm jobs resumed", f"job {job_id} runs again on {', '.join(job.nodes[:8])}"
                                                         f"{more} (restart {job.restart_count})")
                     del pending[job_id]
