@@ -59,6 +59,7 @@ class Poster:
         if self.reader is None or self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         self.writer.write(f"POST {path} HTTP/1.1\r\n{self.head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        await self.writer.drain()
         status = int((await self.reader.readuntil(b"\r\n")).split()[1])
         length, close = None, False
         while (line := await self.reader.readuntil(b"\r\n")) != b"\r\n":
