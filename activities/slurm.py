@@ -32,6 +32,7 @@ from activities.shared_reads import SharedReads
 from activities.slurm_names import OPERATOR_PREFIX, SameName, SlurmNames
 from fleetmedic.errors import ErrorKind
 from fleetmedic.job_failures import expand_hostlist
+from fleetmedic.listing import first_few
 from fleetmedic.models import (
     ActionResult,
     RequeueJob,
@@ -466,7 +467,7 @@ class SlurmActivities:
         nodes = self._expand(job.nodes)
         if request.node and request.node not in nodes:
             # Checked right before the kill: Slurm requeued it already and it restarted elsewhere.
-            where = ",".join(nodes[:8]) + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "") or "no node"
+            where = first_few(nodes, 8, sep=",") or "no node"
             return self._result("requeue", target, changed=False, request=request,
                                 detail=f"runs on {where} now, not {request.node}: left alone")
         if self._dry(request):

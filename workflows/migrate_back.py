@@ -30,6 +30,7 @@ from workflows.traffic_steps import Stopped, TrafficRunbook
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
+    from fleetmedic.listing import first_few
     from fleetmedic.models import EvictionReport, RunbookStatus
     from fleetmedic.traffic import (
         EvictPods,
@@ -95,8 +96,7 @@ class MigrateBack(TrafficRunbook):
         lowest = "never below" if self.lowest >= 1 else f"{self.lowest:.0%} of"
         workflow.metric_meter().with_additional_attributes({"cluster": self.cluster}).create_histogram_timedelta(
             "fleetmedic_traffic_migrate_back_duration", "time to bring inference home").record(took)
-        more = f" and {len(self.left_away) - 5} more" if len(self.left_away) > 5 else ""
-        left = f"; left on the virtual node: {', '.join(self.left_away[:5])}{more}" if self.left_away else ""
+        left = f"; left on the virtual node: {first_few(self.left_away, 5)}" if self.left_away else ""
         return await self.record("migrated", f"{self.moved} pod(s) home in {took}; ready replicas {lowest} "
                                              f"the minimum{left}", nodes, warning=bool(self.left_away))
 

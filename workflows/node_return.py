@@ -12,6 +12,7 @@ from workflows.node_replacement import ReplacementSteps
 
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
+    from fleetmedic.listing import first_few
     from fleetmedic.models import (
         NodeInfo,
         SlurmJob,
@@ -129,10 +130,8 @@ class ReturnSteps(ReplacementSteps):
             for job_id, before in list(pending.items()):
                 job = await self.call("confirm jobs resumed", refs.GET_JOB, job_id)
                 if job is not None and job.state == "RUNNING" and job.restart_count > before.restart_count:
-                    # A training job's nodes are tens: the first few, and how many more.
-                    more = f" and {len(job.nodes) - 8} more" if len(job.nodes) > 8 else ""
-                    self.decide("confirm jobs resumed", f"job {job_id} runs again on {', '.join(job.nodes[:8])}"
-                                                        f"{more} (restart {job.restart_count})")
+                    self.decide("confirm jobs resumed", f"job {job_id} runs again on {first_few(job.nodes, 8)} "
+                                                        f"(restart {job.restart_count})")
                     del pending[job_id]
             if pending:
                 self.waiting_for = f"job(s) {sorted(pending)} running again"
