@@ -261,7 +261,7 @@ class JobList:
 
 def test_a_hostlist_is_expanded_as_slurm_does(slurm: LocalSlurmCluster) -> None:
     """A job read without its nodes by name: its hostlist is expanded here as Slurm's own
-    `scontrol show hostnames` does, and by scontrol itself for a form read here is not taken
+    `scontrol show hostnames` does, and by scontrol itself for a form the worker does not read
     (two bracket groups), once per expression."""
     cli = SlurmCli(str(slurm.conf), timeout_s=10)
     forms = {"gpu-node-[1-2]": "gpu-node-2", "n[008-011],cpu1": "n010", "r[1-2]n[1-2]": "r2n1"}
