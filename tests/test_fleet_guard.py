@@ -215,27 +215,78 @@ async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue:
     # FIFO: leases were granted in the order the guard received the requests.
     runs = sorted([w async for w in client.list_workflows(f'WorkflowId = "{guard_workflow_id(cluster)}"')],
                   key=lambda w: w.start_time)
-    requested, granted = [], []
-    events = [e for run in runs async for e in client.get_workflow_handle(run.id, run_id=run.run_id)
-              .fetch_history_events()]
-    for event in events:
-        if event.HasField("workflow_execution_signaled_event_attributes"):
-            attributes = event.workflow_execution_signaled_event_attributes
-            if attributes.signal_name == "request":
-                requested.append(json.loads(attributes.input.payloads[0].data)["workflow_id"])
-            elif attributes.signal_name == "requests":  # a worker's batch (activities/guard_batches.py)
-                requested += [r["workflow_id"] for r in json.loads(attributes.input.payloads[0].data)]
-        if event.HasField("signal_external_workflow_execution_initiated_event_attributes"):
-            attributes = event.signal_external_workflow_execution_initiated_event_attributes
-            if json.loads(attributes.input.payloads[0].data)["granted"]:
-                granted.append(attributes.workflow_execution.workflow_id)
-    assert len(set(requested)) == 40
-    first_grant = [g for i, g in enumerate(granted) if g not in granted[:i]]
-    assert first_grant == list(dict.fromkeys(requested))
+    histories = [[e async for e in client.get_workflow_handle(run.id, run_id=run.run_id).fetch_history_events()]
+                 for run in runs]
+    requested, granted = fifo_evidence(histories)
+    order = {workflow_id: i for i, workflow_id in enumerate(dict.fromkeys(requested))}
+    assert len(order) == 40 and {g.workflow_id for g in granted} == set(order)
+    for j, later in enumerate(granted):
+        for earlier in granted[j + 1:]:  # granted after `later`, though maybe asked first
+            if order[earlier.workflow_id] < order[later.workflow_id]:
+                assert earlier.busy_at(later), (
+                    f"{later.workflow_id} was granted before {earlier.workflow_id}, which asked first "
+                    "and had no answer on its way")
     # The guard continued-as-new on the way (small history budget), keeping every lease.
     assert len(runs) > 1, "the guard should have continued-as-new during the storm"
     # ... on a task queue of its own, so its steps never wait behind those of the 40 runs it serves.
     assert {run.task_queue for run in runs} == {f"{task_queue}-guard"}
+
+
+@dataclasses.dataclass
+class Grant:
+    """A run's first "granted" signal from the guard, and every answer the guard sent that run."""
+
+    workflow_id: str
+    run: int  # which guard run (of its continues-as-new) sent it
+    initiated: int  # the event that sent it
+    started: int  # the started event of the workflow task that sent it
+    answers: list[tuple[int, int, int | None]] = dataclasses.field(default_factory=list)
+    # ^ (guard run, sent at event, delivered at event or None)
+
+    def busy_at(self, other: Grant) -> bool:
+        """Whether an answer to this run was on its way, as far as the guard could see, in the workflow
+        task that sent `other`'s grant: sent before that task started and not yet seen delivered. The
+        guard tells a run one answer at a time (FleetGuard._send), so its grant waits for that one."""
+        return any(run == other.run and sent < other.started and (delivered is None or delivered > other.started)
+                   for run, sent, delivered in self.answers)
+
+
+def fifo_evidence(histories: list[list[Any]]) -> tuple[list[str], list[Grant]]:
+    """From the guard's histories: the runs in the order their requests reached it, and each run's
+    first grant in the order they were sent."""
+    requested: list[str] = []
+    grants: dict[str, Grant] = {}
+    answers: dict[str, list[tuple[int, int, int | None]]] = {}
+    for run, events in enumerate(histories):
+        sent: dict[int, str] = {}
+        delivered: dict[int, int] = {}
+        for event in events:
+            if event.HasField("workflow_execution_signaled_event_attributes"):
+                attributes = event.workflow_execution_signaled_event_attributes
+                if attributes.signal_name == "request":
+                    requested.append(json.loads(attributes.input.payloads[0].data)["workflow_id"])
+                elif attributes.signal_name == "requests":  # a worker's batch (activities/guard_batches.py)
+                    requested += [r["workflow_id"] for r in json.loads(attributes.input.payloads[0].data)]
+            elif event.HasField("signal_external_workflow_execution_initiated_event_attributes"):
+                attributes = event.signal_external_workflow_execution_initiated_event_attributes
+                workflow_id = attributes.workflow_execution.workflow_id
+                sent[event.event_id] = workflow_id
+                if json.loads(attributes.input.payloads[0].data)["granted"] and workflow_id not in grants:
+                    # A workflow task's commands are recorded after its started event, just before
+                    # its completed one.
+                    grants[workflow_id] = Grant(workflow_id, run, event.event_id,
+                                                attributes.workflow_task_completed_event_id - 1)
+            elif event.HasField("external_workflow_execution_signaled_event_attributes"):
+                delivered[event.external_workflow_execution_signaled_event_attributes.initiated_event_id] = \
+                    event.event_id
+            elif event.HasField("signal_external_workflow_execution_failed_event_attributes"):
+                delivered[event.signal_external_workflow_execution_failed_event_attributes.initiated_event_id] = \
+                    event.event_id
+        for event_id, workflow_id in sent.items():
+            answers.setdefault(workflow_id, []).append((run, event_id, delivered.get(event_id)))
+    for grant in grants.values():
+        grant.answers = answers[grant.workflow_id]
+    return requested, sorted(grants.values(), key=lambda g: (g.run, g.initiated))
 
 
 async def test_a_guard_that_continues_as_new_tells_no_holder_again(client: Client, task_queue: str,
