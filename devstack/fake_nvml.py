@@ -38,6 +38,9 @@ class FakeGpu:
     gpm: bool = True
     processes: list[int] = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)  # names of pynvml functions that answer NotSupported
+    # Fallen off the bus: the handle stays, and every query of it answers NVML_ERROR_GPU_IS_LOST (as
+    # NVML's API reference gives for each nvmlDeviceGet* function).
+    lost: bool = False
 
 
 _COUNTER_NAMES = {pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
@@ -80,6 +83,8 @@ class FakeNvml:
         if not self.initialized:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
         gpu: FakeGpu = self.gpus[handle.index]
+        if gpu.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         if function in gpu.unsupported:
             raise pynvml.NVMLError(NOT_SUPPORTED)
         return gpu

@@ -257,6 +257,7 @@ class AgentStandIn(ThreadedServer):
         expected = request.query.get("expected_gpus", "8")
         checks = [
             {"name": "gpus_present", "passed": True, "value": f"{expected}/{expected}"},
+            {"name": "gpus_answer", "passed": True, "value": f"{expected}/{expected}"},
             {"name": "no_xid_since", "passed": self.passed, "value": "none" if self.passed else "XID 79 on GPU 3"},
             {"name": "temperature", "passed": True, "value": "61 C max"},
         ]

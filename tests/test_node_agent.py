@@ -186,8 +186,9 @@ async def test_validation_passes_on_a_healthy_node(world: World, http: httpx.Asy
     answer = (await http.get("/v1/validate", params={"since": since, "expected_gpus": "8"})).json()
     assert answer["passed"] is True, answer
     checks = {c["name"]: c for c in answer["checks"]}
-    assert set(checks) == {"gpus_present", "temperature", "no_xid_since", "nvlink_up", "infiniband_active"}
-    assert checks["gpus_present"]["value"] == "8/8"
+    assert set(checks) == {"gpus_present", "gpus_answer", "temperature", "no_xid_since", "nvlink_up",
+                           "infiniband_active"}
+    assert checks["gpus_present"]["value"] == "8/8" and checks["gpus_answer"]["value"] == "8/8"
     assert checks["nvlink_up"]["value"] == "144/144 up"
     assert checks["infiniband_active"]["value"] == "2/2 active"
 
@@ -212,6 +213,30 @@ async def test_validation_fails_for_each_reason_with_its_value(world: World, htt
     assert dict((c["name"], c["passed"]) for c in answer["checks"])["no_xid_since"] is True
     bad = await http.get("/v1/validate", params={"since": "yesterday"})
     assert bad.status_code == 400 and "bad query" in bad.json()["error"]
+
+
+async def test_a_gpu_that_fell_off_the_bus_fails_validation(world: World, http: httpx.AsyncClient,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """NVML keeps the handle of a GPU that fell off the bus, and every query of it answers "GPU is
+    lost". It is counted present, its temperature is merely missing beside the others': only its
+    errors tell it apart, and a node with it must not go back to service."""
+    since = (datetime.now(UTC) - timedelta(minutes=5)).isoformat()
+    world.lib.gpus[5].lost = True
+    answer = (await http.get("/v1/validate", params={"since": since, "expected_gpus": "8"})).json()
+    checks = {c["name"]: (c["passed"], c["value"]) for c in answer["checks"]}
+    assert answer["passed"] is False
+    assert checks["gpus_answer"] == (False, "GPU 5: uuid: GPU is lost, name: GPU is lost, temperature: GPU is lost")
+    assert checks["gpus_present"] == (True, "8/8") and checks["temperature"][0] is True  # what let it through
+    # The scrape goes on without the lost GPU's series, and says so once.
+    metrics = await scrape(http)
+    reading = {s.labels["gpu"] for s in metrics["fleetmedic_gpu_temperature_celsius"]}
+    assert reading == {str(i) for i in range(8) if i != 5}
+    await scrape(http)
+    assert len([r for r in caplog.records if r.getMessage() == "GPU 5: temperature failed: GPU is lost"]) == 1
+    # Back on the bus (a reset, a reboot): it answers again and the node passes.
+    world.lib.gpus[5].lost = False
+    answer = (await http.get("/v1/validate", params={"since": since, "expected_gpus": "8"})).json()
+    assert answer["passed"] is True, answer
 
 
 async def test_gpu_readings_for_hot_gpu_pull(world: World, http: httpx.AsyncClient) -> None:

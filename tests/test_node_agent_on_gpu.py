@@ -228,6 +228,7 @@ async def test_a_healthy_gpu_validates_and_its_xid_events_are_watched(gpu: GpuWo
     print(f"\nvalidate: {checks}")
     assert checks["gpus_present"] == {"name": "gpus_present", "passed": True,
                                       "value": f"{len(gpu.smi)}/{len(gpu.smi)}"}
+    assert checks["gpus_answer"]["value"] == f"{len(gpu.smi)}/{len(gpu.smi)}"  # no NVML error but "not supported"
     assert checks["temperature"]["passed"] and checks["no_xid_since"]["value"] == "none"
     assert body["passed"], checks
     # The XID watch registered on the driver's event set and waits on it.

@@ -66,6 +66,9 @@ class GpuSample:
     remap_failed: bool | None = None
     tensor_active: float | None = None  # 0..1, GPM (Hopper and newer)
     nvlinks: list[NvlinkSample] = field(default_factory=list)
+    # What the GPU failed to answer in this sample, other than "not supported" ("temperature: GPU is
+    # lost"): a GPU that fell off the bus still has a handle, and only its errors tell it apart.
+    errors: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class Nvml:
         self._unsupported: set[tuple[int, str]] = set()
         self._gpm_samples: dict[int, Any] = {}
         self._lock = threading.Lock()
+        self._sampling = threading.local()  # the GpuSample being read on this thread, for `_try`'s errors
         self.xid_counts: Counter[tuple[int, int]] = Counter()
         self.xid_events: deque[XidEvent] = deque(maxlen=XID_HISTORY)
         self._stop = threading.Event()
@@ -131,9 +135,18 @@ class Nvml:
                 for i, h in enumerate(self.handles)]
 
     def _sample(self, i: int, handle: Any) -> GpuSample:
+        gpu = GpuSample(index=i)
+        self._sampling.gpu = gpu
+        try:
+            self._read(i, handle, gpu)
+        finally:
+            self._sampling.gpu = None
+        return gpu
+
+    def _read(self, i: int, handle: Any, gpu: GpuSample) -> None:
         lib = self.lib
-        gpu = GpuSample(index=i, uuid=_text(self._try(i, "uuid", lib.nvmlDeviceGetUUID, handle) or ""),
-                        name=_text(self._try(i, "name", lib.nvmlDeviceGetName, handle) or ""))
+        gpu.uuid = _text(self._try(i, "uuid", lib.nvmlDeviceGetUUID, handle) or "")
+        gpu.name = _text(self._try(i, "name", lib.nvmlDeviceGetName, handle) or "")
         gpu.temperature_c = self._temperature(i, handle)
         gpu.thermal_margin_c = self._try(i, "thermal margin", lib.nvmlDeviceGetMarginTemperature, handle)
         reasons = self._try(i, "clock throttle reasons", lib.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
@@ -159,7 +172,6 @@ class Nvml:
             gpu.remap_pending, gpu.remap_failed = bool(pending), bool(failed)
         gpu.tensor_active = self._tensor_active(i, handle)
         gpu.nvlinks = self._nvlinks(i, handle)
-        return gpu
 
     def _temperature(self, i: int, handle: Any) -> float | None:
         value = self._try(i, "temperature", self.lib.nvmlDeviceGetTemperature, handle, self.lib.NVML_TEMPERATURE_GPU)
@@ -172,8 +184,14 @@ class Nvml:
         for link in range(self.lib.NVML_NVLINK_MAX_LINKS):
             try:
                 state = self.lib.nvmlDeviceGetNvLinkState(handle, link)
-            except self.lib.NVMLError:
-                # Links past the GPU's own count answer NotSupported/InvalidArgument: its links end here.
+            except self.lib.NVMLError as exc:
+                # Links past the GPU's own count answer NotSupported/InvalidArgument: its links end
+                # here. So does link 0 of a GPU without NVLink (an H100 passed through to a VM alone
+                # answers NotSupported for all 18). Any other error is the GPU's, not its links'.
+                if link == 0 and exc.value not in (self.lib.NVML_ERROR_NOT_SUPPORTED,
+                                                   self.lib.NVML_ERROR_INVALID_ARGUMENT):
+                    self._failed(i, "nvlink state", exc)
+                    return []
                 break
             sample = NvlinkSample(link=link, up=bool(state))
             for label, counter in self._counters.items():
@@ -280,12 +298,19 @@ class Nvml:
         except self.lib.NVMLError_NotSupported:
             self._note(gpu, what, "not supported by this GPU or driver")
         except self.lib.NVMLError as exc:
-            # Other errors may be transient (GPU lost, busy): log once, but try again next scrape.
-            key = (gpu, f"{what} error")
-            if key not in self._unsupported:
-                self._unsupported.add(key)
-                log.warning("GPU %s: %s failed: %s", gpu, what, exc)
+            self._failed(gpu, what, exc)
         return None
+
+    def _failed(self, gpu: int, what: str, exc: Exception) -> None:
+        """An error other than NotSupported (the GPU lost, busy): kept on the sample being read, so
+        validation sees it; logged once, but asked again next scrape (it may be transient)."""
+        sample: GpuSample | None = getattr(self._sampling, "gpu", None)
+        if sample is not None:
+            sample.errors.append(f"{what}: {exc}")
+        key = (gpu, f"{what} error")
+        if key not in self._unsupported:
+            self._unsupported.add(key)
+            log.warning("GPU %s: %s failed: %s", gpu, what, exc)
 
     def _quiet(self, gpu: int, what: str, fn: Callable[[], Any]) -> None:
         try:

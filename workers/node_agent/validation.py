@@ -22,8 +22,8 @@ class Check:
 
 def verdict(gpus: list[GpuSample], xids: list[XidEvent], ports: list[PortSample], *, expected_gpus: int | None,
             max_temperature_c: float) -> list[Check]:
-    checks = [_gpus_present(gpus, expected_gpus), _temperature(gpus, max_temperature_c), _no_xid(xids),
-              _nvlink(gpus), _infiniband(ports)]
+    checks = [_gpus_present(gpus, expected_gpus), _gpus_answer(gpus), _temperature(gpus, max_temperature_c),
+              _no_xid(xids), _nvlink(gpus), _infiniband(ports)]
     return checks
 
 
@@ -31,6 +31,16 @@ def _gpus_present(gpus: list[GpuSample], expected: int | None) -> Check:
     if expected is None:
         return Check("gpus_present", bool(gpus), f"{len(gpus)} (no expected count given)")
     return Check("gpus_present", len(gpus) >= expected, f"{len(gpus)}/{expected}")
+
+
+def _gpus_answer(gpus: list[GpuSample]) -> Check:
+    """Every GPU answered NVML (or said a query is not supported on it). A GPU that fell off the bus
+    keeps its handle and answers "GPU is lost": counted present, its readings merely absent, it
+    would pass every other check."""
+    failing = [g for g in gpus if g.errors]
+    if not failing:
+        return Check("gpus_answer", True, f"{len(gpus)}/{len(gpus)}")
+    return Check("gpus_answer", False, "; ".join(f"GPU {g.index}: {', '.join(g.errors[:3])}" for g in failing[:4]))
 
 
 def _temperature(gpus: list[GpuSample], limit: float) -> Check:
