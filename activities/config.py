@@ -7,6 +7,7 @@ from typing import Any
 
 from temporalio import activity
 
+from fleetmedic.activity_refs import RunConfig
 from fleetmedic.models import RunContext
 from fleetmedic.policy import Policy
 
@@ -31,5 +32,10 @@ class ConfigActivities:
                 update={"all_runbooks": True})})
         return self.policy
 
+    @activity.defn(name="config.run")
+    async def get_run_config(self) -> RunConfig:
+        """Both, for a node run's first step (0.1.0's runs read them apart)."""
+        return RunConfig(policy=await self.get_policy(), context=self.context)
+
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.get_policy, self.get_context]
+        return [self.get_run_config, self.get_policy, self.get_context]

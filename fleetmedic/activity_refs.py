@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from pydantic import BaseModel, ConfigDict
+
 from fleetmedic.job_failures import JobEnd, OutputRequest, RestartJob, SuspectRequest
 from fleetmedic.models import (
     ActionResult,
@@ -81,8 +83,21 @@ class Activity(Generic[In, Out]):
 NoArgs = tuple[()]
 
 # --- configuration (local activities: the worker's own) ------------------------------------------
-CONFIG_POLICY: Activity[NoArgs, Policy] = Activity("config.policy", (), Policy)
-CONFIG_CONTEXT: Activity[NoArgs, RunContext] = Activity("config.context", (), RunContext)
+
+
+class RunConfig(BaseModel):
+    """What a node run reads first, in one local activity (since 0.2.0): the worker's policy and its
+    context. Read side by side, they were two activations of the run's first workflow task, the one
+    whose protective step an alert waits for."""
+
+    model_config = ConfigDict(frozen=True)
+    policy: Policy
+    context: RunContext
+
+
+CONFIG_RUN: Activity[NoArgs, RunConfig] = Activity("config.run", (), RunConfig)
+CONFIG_POLICY: Activity[NoArgs, Policy] = Activity("config.policy", (), Policy)  # the guard, the listener
+CONFIG_CONTEXT: Activity[NoArgs, RunContext] = Activity("config.context", (), RunContext)  # 0.1.0's node runs
 
 # --- the protective step (a local activity in the run's workflow task) ---------------------------
 PROTECT_NODE: Activity[ProtectRequest, Protection] = Activity("protect.node", (ProtectRequest,), Protection)

@@ -46,12 +46,13 @@ PROTECTIVE_STEPS = {"take in replacement", "retire replaced node"}
 # Reads, notifications, bookkeeping, and the recovery steps that give a node back (never held by a
 # pause: a paused fleet must still heal).
 SAFE = {
-    "agent.available", "agent.gpus", "agent.validate", "config.context", "config.policy", "guard.kill", "guard.paused",
-    "guard.release", "guard.request", "k8s.annotate_quarantine", "k8s.check_opt_out", "k8s.fleet_capacity",
-    "k8s.get_node", "k8s.record_event", "k8s.remove_taint", "k8s.uncordon_node", "k8s.wait_node_ready",
-    "kueue.request_sync", "kueue.snapshot", "slack.notify_start", "slack.notify_step", "slurm.get_job",
-    "slurm.get_node", "slurm.jobs_on_node", "storage.newest_checkpoint", "temporal.count_remediations",
-    "temporal.running", "traffic.slo", "traffic.snapshot", "traffic.stop_runbook", "traffic.wait_home", *PROTECTIVE,
+    "agent.available", "agent.gpus", "agent.validate", "config.context", "config.policy", "config.run", "guard.kill",
+    "guard.paused", "guard.release", "guard.request", "k8s.annotate_quarantine", "k8s.check_opt_out",
+    "k8s.fleet_capacity", "k8s.get_node", "k8s.record_event", "k8s.remove_taint", "k8s.uncordon_node",
+    "k8s.wait_node_ready", "kueue.request_sync", "kueue.snapshot", "slack.notify_start", "slack.notify_step",
+    "slurm.get_job", "slurm.get_node", "slurm.jobs_on_node", "storage.newest_checkpoint",
+    "temporal.count_remediations", "temporal.running", "traffic.slo", "traffic.snapshot", "traffic.stop_runbook",
+    "traffic.wait_home", *PROTECTIVE,
     # Following a replacement (a read); retiring a replaced node's leftover Node object (the machine is
     # gone: the object NotReady; a Ready one is only annotated); the burn-in, a job on a node the run
     # holds out, in a reservation of its own, which it leaves as it found it.

@@ -201,20 +201,20 @@ async def test_a_protective_step_the_worker_cancelled_is_tried_again(stack: Stac
     load (5,000 runs on temporal-server: the protective step of a workflow-task attempt the server
     had given up on came back "Cancelled" in the next attempt), and the run failed with it. Here
     its first try resolves cancelled, as it did there: a failed try, said in the run's decisions,
-    then tried again, and the repair goes on. So do the run's first two reads of its policy: asked
-    again in the same task (workflows/runbook.py `configuration`)."""
+    then tried again, and the repair goes on. So do the run's first two reads of its configuration:
+    asked again in the same task (workflows/runbook.py `configuration`)."""
     real, cancelled = runbook.workflow.execute_local_activity, []
 
     async def execute_local_activity(name: str, *args: Any, **options: Any) -> Any:
         if name == "protect.node" and "protect.node" not in cancelled or (
-                name == "config.policy" and cancelled.count("config.policy") < 2):
+                name == "config.run" and cancelled.count("config.run") < 2):
             cancelled.append(name)
             raise CancelledError("Cancelled")  # what the workflow received there
         return await real(name, *args, **options)
 
     monkeypatch.setattr(runbook.workflow, "execute_local_activity", execute_local_activity)
     report, _ = await stack.run("gpu-node-0")
-    assert cancelled == ["config.policy", "config.policy", "protect.node"]
+    assert cancelled == ["config.run", "config.run", "protect.node"]
     assert report.outcome == "remediated", report.decisions
     assert any(d.step == "protect" and d.result.startswith("try 1 failed: Cancelled: protect.node was cancelled "
                                                            "by the worker") for d in report.decisions), report.decisions

@@ -43,15 +43,20 @@ with workflow.unsafe.imports_passed_through():
     from fleetmedic.trust import node_name_error
 
 POLL = timedelta(seconds=2)
-# The protective step's retries in the workflow, each failure in the run's status (0.2.0).
-PROTECT_RETRIES_SAID = "protect-retries-said"
-# A replacement's Slurm node held (DRAIN) again once its slurmd registered (0.2.0): with Slinky it
-# did not exist when the run took the new node in.
-HOLD_REGISTERED = "hold-registered-replacement"
-# The gate's opt-out read inside the workflow task that then schedules the destructive step (a local
-# activity, 0.2.0): one activity task and one workflow task fewer at each of a run's gates, and the
-# read as close to the step as it can be. 0.1.0 runs keep the activity on the task queue.
-OPT_OUT_IN_TASK = "opt-out-read-in-task"
+# 0.2.0's changes to a node run's steps, behind one patch decided at the top of the run, before its
+# first local activity (docs/upgrading.md). One marker and one TemporalChangeVersion upsert a run
+# rather than one per change, all in the first workflow task, the one an alert waits on:
+# - the worker's policy and context read in one local activity (`config.run`): one activation of
+#   that task fewer;
+# - the protective step's retries in the workflow, each failure said in the run's status;
+# - a replacement's Slurm node held (DRAIN) again once its slurmd registered: with Slinky it did
+#   not exist when the run took the new node in;
+# - the gate's opt-out read inside the workflow task that then schedules the destructive step (a
+#   local activity): one activity task and one workflow task fewer at each gate, the read as close
+#   to the step as it can be.
+# 0.1.0's runs keep their steps: two reads, the local activity's own retries, one DRAIN at take-in,
+# `k8s.check_opt_out` on the task queue.
+NODE_STEPS_0_2 = "node-steps-0.2.0"
 # A fault confirmed before a lease that took longer than this to come is confirmed again.
 RECHECK_AFTER = timedelta(minutes=1)
 
@@ -86,11 +91,10 @@ class NodeRunbookBase(Runbook):
     # when this run's step was the one that found its bound reached (the guard trips on them).
     breaker_held = False
     breaker_trip: BreakerTrip | None = None
-    # Since 0.2.0 the protective step's retries are the workflow's, each failure said in the run's
-    # status (decided in `load`, before the first local activity: docs/upgrading.md).
+    # 0.2.0's steps (NODE_STEPS_0_2, decided in `load`), by what each changes.
     protect_retries_said = False
-    hold_registered = False  # since 0.2.0 (HOLD_REGISTERED)
-    opt_out_in_task = False  # since 0.2.0 (OPT_OUT_IN_TASK)
+    hold_registered = False
+    opt_out_in_task = False
     kill_answer: KillAnswer | None = None  # the fleet guard's answer to a protective kill
     killed: tuple[SlurmJob, ...] = ()  # jobs requeued by the protective kill (their XID had killed them)
     out_since: datetime | None = None  # when the node left service (Slurm DOWN/DRAIN and cordon)
@@ -158,12 +162,15 @@ class NodeRunbookBase(Runbook):
 
     async def load(self, xid: int | None = None) -> Policy:
         self.enter("load policy")
-        self.protect_retries_said = workflow.patched(PROTECT_RETRIES_SAID)
-        self.hold_registered = workflow.patched(HOLD_REGISTERED)
-        self.opt_out_in_task = workflow.patched(OPT_OUT_IN_TASK)
+        steps_0_2 = workflow.patched(NODE_STEPS_0_2)
+        self.protect_retries_said = self.hold_registered = self.opt_out_in_task = steps_0_2
         # Local activities: the worker's own configuration, no round trip through the task queue.
-        policy, context = await asyncio.gather(
-            configuration(refs.CONFIG_POLICY), configuration(refs.CONFIG_CONTEXT))
+        if steps_0_2:
+            config = await configuration(refs.CONFIG_RUN)
+            policy, context = config.policy, config.context
+        else:
+            policy, context = await asyncio.gather(
+                configuration(refs.CONFIG_POLICY), configuration(refs.CONFIG_CONTEXT))
         self.policy, self.context = shared(Policy.model_validate(policy)), RunContext.model_validate(context)
         served = self.policy.routing.served_clusters
         if self.cluster not in served:
