@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -15,8 +16,8 @@ from typing import Any
 
 import pytest
 from temporalio import activity, workflow
-from temporalio.api.enums.v1 import WorkflowTaskFailedCause
-from temporalio.client import Client, WorkflowHandle
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment
@@ -159,16 +160,45 @@ async def guard_counts(client: Client, cluster: str, count: int, field: str, wha
 async def replay_guard_runs(client: Client, cluster: str) -> int:
     """Replay every run of the cluster's guard against the current code, as a worker does after a
     restart or a cache eviction: a run that cannot replay would hang on its next workflow task."""
-    replayer = Replayer(workflows=[FleetGuard], data_converter=data_converter)
     runs = [w async for w in client.list_workflows(f'WorkflowId = "{guard_workflow_id(cluster)}"')]
     for run in runs:
         history = await client.get_workflow_handle(run.id, run_id=run.run_id).fetch_history()
         try:  # bounded: a replay that never returns fails here, naming the run, not the whole suite
-            await asyncio.wait_for(replayer.replay_workflow(history), 60)
+            await asyncio.wait_for(replay_apart(history), 60)
         except TimeoutError:
-            raise AssertionError(f"the replay of guard run {run.run_id} ({len(history.events)} events, last "
-                                 f"{history.events[-1].event_type}) did not return in 60 s") from None
+            kept = Path(tempfile.mkdtemp(prefix="guard-replay-")) / f"{run.run_id}.json"
+            kept.write_text(history.to_json())
+            last = [EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in history.events[-4:]]
+            raise AssertionError(f"the replay of guard run {run.run_id} ({len(history.events)} events, the last "
+                                 f"{', '.join(last)}) did not return in 60 s; its history is in {kept}") from None
     return len(runs)
+
+
+def replay_apart(history: WorkflowHistory) -> asyncio.Future[None]:
+    """The replay in a thread and an event loop of its own. Cancelling a replay that hangs waits for
+    its worker's shutdown, which hung too: CI once spent the watchdog's 20 minutes there after
+    `wait_for`'s 60 s. A future of this loop is cancelled at once; the thread is left behind."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if done.done():  # the test gave up on it already
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(None)
+
+    def replay() -> None:
+        error: BaseException | None = None
+        try:
+            asyncio.run(Replayer(workflows=[FleetGuard], data_converter=data_converter).replay_workflow(history))
+        except BaseException as exc:  # handed to the test's loop, which raises it
+            error = exc
+        loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=replay, name="guard-replay", daemon=True).start()
+    return done
 
 
 async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue: str, kube: RealKube,
