@@ -70,7 +70,7 @@ async def http(world: World) -> AsyncIterator[httpx.AsyncClient]:
 
 async def scrape(http: httpx.AsyncClient) -> dict[str, list[Any]]:
     response = await http.get("/metrics")
-    assert response.status_code == 200
+    assert response.status_code == 200, response.text
     return {f.name: f.samples for f in text_string_to_metric_families(response.text)}
 
 

@@ -25,10 +25,10 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from fleetmedic.policy import Policy
 from fleetmedic.settings import Settings
+from tests.test_node_agent import scrape
 from workers.node_agent.app import Agent
 from workers.node_agent.metrics import METRICS
 from workers.node_agent.serve import build_agent
@@ -124,12 +124,6 @@ class GpuLoad:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
-
-
-async def scrape(http: httpx.AsyncClient) -> dict[str, list[Any]]:
-    response = await http.get("/metrics")
-    assert response.status_code == 200, response.text
-    return {f.name: f.samples for f in text_string_to_metric_families(response.text)}
 
 
 def gauge(metrics: dict[str, list[Any]], name: str, gpu: int, **labels: str) -> float | None:
