@@ -382,15 +382,31 @@ async def test_a_continued_guard_whose_policy_read_the_worker_cancels_keeps_its_
     monkeypatch.setattr(runbook.workflow, "execute_local_activity", execute_local_activity)
     cluster = task_queue
 
+    guard = client.get_workflow_handle(guard_workflow_id(cluster))
+    # Runs are told apart by the guard's current run, which the server answers from the workflow's
+    # own state: the visibility list lags it (CI once counted a run continued in the phase before
+    # as this phase's, whose policy read nobody had cancelled).
+    seen_runs: set[str] = set()
+
+    async def current_run() -> str:
+        run_id = (await guard.describe()).run_id
+        seen_runs.add(run_id)
+        return run_id
+
     async def guard_runs() -> list[Any]:
         return [w async for w in client.list_workflows(f'WorkflowId = "{guard_workflow_id(cluster)}"')]
+
+    async def first_task_completed(run_id: str) -> bool:
+        return any([e async for e in client.get_workflow_handle(guard.id, run_id=run_id).fetch_history_events()
+                    if e.HasField("workflow_task_completed_event_attributes")])
 
     async def failed_tasks() -> list[str]:
         """The failed workflow tasks of every run of the guard, from their histories, but those the
         server failed for a signal that came while the task continued the run as new (it hands the
         task out again to hear it first: the run's own workings, not this test's)."""
-        return [e.workflow_task_failed_event_attributes.failure.message for r in await guard_runs()
-                async for e in client.get_workflow_handle(r.id, run_id=r.run_id).fetch_history_events()
+        run_ids = seen_runs | {r.run_id for r in await guard_runs()}
+        return [e.workflow_task_failed_event_attributes.failure.message for run_id in sorted(run_ids)
+                async for e in client.get_workflow_handle(guard.id, run_id=run_id).fetch_history_events()
                 if e.HasField("workflow_task_failed_event_attributes")
                 and e.workflow_task_failed_event_attributes.cause != UNHANDLED_COMMAND]
 
@@ -398,16 +414,26 @@ async def test_a_continued_guard_whose_policy_read_the_worker_cancels_keeps_its_
         """Lease traffic until the guard has continued-as-new, its first policy read cancelled
         `cancelled` times. In rounds of 20 holders, at most 5: how many history events a round
         writes depends on how its requests and releases were batched (20 were 50 events in most
-        runs, not in all: 2 runs in 7 of this test alone failed with a single round)."""
-        runs, cancels["left"], cancels["seen"] = len(await guard_runs()), cancelled, 0
+        runs, not in all: 2 runs in 7 of this test alone failed with a single round). Returns once
+        the new run's first task has completed: a run continued as the last round ended reads its
+        policy after the round's holders are done."""
+        before = await current_run()
+        assert await first_task_completed(before), "the phase before ended with a run that had read its policy"
+        cancels["left"], cancels["seen"] = cancelled, 0
         for round_ in range(5):
             passing = [await client.start_workflow(LeaseHolder.run, args=[cluster, False],
                                                    id=f"{cluster}-{tag}-{round_}-{i}", task_queue=task_queue)
                        for i in range(20)]
             await asyncio.wait_for(asyncio.gather(*(p.result() for p in passing)), 120)
-            if len(await guard_runs()) > runs:
+            if await current_run() != before:
                 break
-        assert len(await guard_runs()) > runs, "the guard should have continued-as-new"
+        now = await current_run()
+        assert now != before, "the guard should have continued-as-new"
+        for _ in range(300):
+            if await first_task_completed(now):
+                break
+            await asyncio.sleep(0.2)
+        assert await first_task_completed(now), f"the guard's run {now} should have completed its first task"
         assert cancels == {"left": 0, "seen": cancelled}, cancels
 
     async with open_budget_worker(client, task_queue, kube, provider_http, tmp_path, 40, guard_history_events=50):
