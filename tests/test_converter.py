@@ -8,8 +8,9 @@ import gc
 from pydantic import TypeAdapter
 from temporalio.contrib.pydantic import PydanticPayloadConverter
 
+from fleetmedic import activity_refs as refs
 from fleetmedic.converter import data_converter
-from fleetmedic.models import NodeInfo, NodeRunbookInput
+from fleetmedic.models import NodeInfo, NodeRunbookInput, RunContext
 from fleetmedic.policy import Policy
 
 VALUES = (Policy(), NodeRunbookInput(cluster="c", node="n1", gpu=0, xid=79), NodeInfo(name="n1", ready=True))
@@ -44,3 +45,20 @@ def test_the_sdks_own_converter_keeps_a_set_a_run() -> None:
     kept = read_as_runs(PydanticPayloadConverter, 20)
     assert adapters() - before >= 20 * len(VALUES)
     assert len(kept) == 20
+
+
+def test_runs_share_the_configuration_they_read_at_their_start() -> None:
+    """Every run's first task reads the worker's configuration as a local activity's result, the
+    policy in it 6 KB of JSON: read once per distinct payload, not validated again by every run
+    (a profile of 50 alerts at once found config.run's result validated a run)."""
+    context = RunContext(slurm_enabled=True, agent_configured=False, provider="manual")
+    for ref, value in ((refs.CONFIG_RUN, refs.RunConfig(policy=Policy(), context=context)),
+                       (refs.CONFIG_POLICY, Policy())):
+        payload = data_converter.payload_converter.to_payload(value)
+        first, again = (data_converter.payload_converter_class().from_payload(payload, ref.result) for _ in range(2))
+        assert first == value and first is again, ref.name
+        changed = data_converter.payload_converter_class().from_payload(
+            data_converter.payload_converter.to_payload(
+                Policy(lemon={"count": 7}) if ref is refs.CONFIG_POLICY
+                else refs.RunConfig(policy=Policy(lemon={"count": 7}), context=context)), ref.result)
+        assert changed is not first and changed != first, ref.name  # a changed policy is read anew
