@@ -316,9 +316,13 @@ class KubernetesActivities:
     def _patch_node(self, name: str, resource_version: str, patch: dict[str, Any]) -> None:
         patch.setdefault("metadata", {})["resourceVersion"] = resource_version
         with api_errors(f"patch node {name}"):
-            # The answer is not read: the next step reads the node afresh.
-            self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False,
-                                 _request_timeout=self.timeout)
+            # The answer is not parsed (the next step reads the node afresh), but it is read to its
+            # end: an unread answer keeps its connection out of the pool, and every write opened a
+            # new one (a TLS handshake for the worker and the API server each).
+            response = self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False,
+                                            _request_timeout=self.timeout)
+            response.drain_conn()
+            response.release_conn()
 
     def _update_node(self, name: str, change: Callable[[JsonNode], dict[str, Any] | None],
                      current: JsonNode | None = None) -> bool:

@@ -65,6 +65,7 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self.port}"
         self.faults: list[Fault] = []
         self.lock = threading.Lock()
+        self.connections = 0  # accepted from clients: a client that keeps its connections alive opens few
         self.context = ssl.create_default_context()
         # Loopback to our own apiserver: its self-signed certificate is for the tests' clients.
         self.context.check_hostname, self.context.verify_mode = False, ssl.CERT_NONE
@@ -75,6 +76,11 @@ class FaultProxy:
 
             def log_message(self, *args: object) -> None:
                 pass
+
+            def setup(self) -> None:  # once per client connection
+                super().setup()
+                with proxy.lock:
+                    proxy.connections += 1
 
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
