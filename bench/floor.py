@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import json
 import os
 import subprocess
 import time
@@ -86,16 +88,25 @@ class Protect:
     the API server and slurmctld FleetMedic uses."""
 
     def __init__(self, api: k8s_client.ApiClient, slurm_env: dict[str, str]) -> None:
-        self.core, self.slurm_env = k8s_client.CoreV1Api(api), slurm_env
+        # Made as the worker makes its calls (activities/kubernetes.py, kube_client.py): a client of
+        # its own whose pool holds a connection for each of the floor's threads, the node read as
+        # JSON, the patch's answer read to its end unparsed. Each answer left unread (both were once)
+        # or each connection past a small pool is a new TLS handshake, which slowed the floor.
+        configuration = copy.deepcopy(api.configuration)
+        configuration.connection_pool_maxsize = SLOTS
+        self.core, self.slurm_env = k8s_client.CoreV1Api(k8s_client.ApiClient(configuration)), slurm_env
 
     @activity.defn(name="bench.protect")
     def protect(self, node: str) -> None:
-        self.core.read_node(node, _preload_content=False, _request_timeout=15)
+        json.loads(self.core.read_node(node, _preload_content=False, _request_timeout=15).data)
         # The two writes side by side, as the protective step makes them.
         drain = subprocess.Popen(["scontrol", "update", f"nodename={node}", "state=drain", "reason=bench floor"],
                                  env={**os.environ, **self.slurm_env}, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.PIPE)
-        self.core.patch_node(node, {"spec": {"unschedulable": True}}, _request_timeout=15)
+        patched = self.core.patch_node(node, {"spec": {"unschedulable": True}}, _preload_content=False,
+                                       _request_timeout=15)
+        patched.drain_conn()
+        patched.release_conn()
         _, err = drain.communicate(timeout=15)
         if drain.returncode:
             raise RuntimeError(f"scontrol update nodename={node} state=drain: {err.decode(errors='replace').strip()}")
