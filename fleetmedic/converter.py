@@ -36,7 +36,8 @@ shared_type_adapter: functools._lru_cache_wrapper[TypeAdapter[Any]] = functools.
 
 # Frozen documents that many runs read equal: read once per distinct payload (the newest few kept).
 # A configuration read left out of this list validates the whole policy again in every run's first
-# task (RunConfig was, from the read's fold into config.run until it was profiled: 0.7 ms a run).
+# task, and shared() writes it out again (RunConfig was, from the read's fold into config.run until
+# a profile found it: 0.2 ms a run on a quiet core, more in a storm).
 READ_ONCE: tuple[type, ...] = (Policy, RunConfig)
 READ_ONCE_KEEP = 8
 _read_once: dict[tuple[type, bytes], Any] = {}
