@@ -4,6 +4,8 @@ however many runs the worker keeps (the SDK makes a payload converter per workfl
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import TypeAdapter
 from temporalio.contrib.pydantic import PydanticPayloadConverter
@@ -47,18 +49,23 @@ def test_the_sdks_own_converter_keeps_a_set_a_run() -> None:
     assert len(kept) == 20
 
 
+def read_as_a_run(value: object, result_type: Any) -> object:
+    """`value` as a run reads it back, with a converter of its own, as the SDK gives each run."""
+    return data_converter.payload_converter_class().from_payload(
+        data_converter.payload_converter.to_payload(value), result_type)
+
+
 def test_runs_share_the_configuration_they_read_at_their_start() -> None:
     """Every run's first task reads the worker's configuration as a local activity's result, the
     policy in it 6 KB of JSON: read once per distinct payload, not validated again by every run
     (a profile of 50 alerts at once found config.run's result validated a run)."""
     context = RunContext(slurm_enabled=True, agent_configured=False, provider="manual")
-    for ref, value in ((refs.CONFIG_RUN, refs.RunConfig(policy=Policy(), context=context)),
-                       (refs.CONFIG_POLICY, Policy())):
-        payload = data_converter.payload_converter.to_payload(value)
-        first, again = (data_converter.payload_converter_class().from_payload(payload, ref.result) for _ in range(2))
+    configurations: tuple[tuple[refs.Activity[Any, Any], Callable[[Policy], object]], ...] = (
+        (refs.CONFIG_RUN, lambda policy: refs.RunConfig(policy=policy, context=context)),
+        (refs.CONFIG_POLICY, lambda policy: policy))
+    for ref, configuration in configurations:
+        value = configuration(Policy())
+        first, again = read_as_a_run(value, ref.result), read_as_a_run(value, ref.result)
         assert first == value and first is again, ref.name
-        changed = data_converter.payload_converter_class().from_payload(
-            data_converter.payload_converter.to_payload(
-                Policy(lemon={"count": 7}) if ref is refs.CONFIG_POLICY
-                else refs.RunConfig(policy=Policy(lemon={"count": 7}), context=context)), ref.result)
+        changed = read_as_a_run(configuration(Policy(lemon={"count": 7})), ref.result)
         assert changed is not first and changed != first, ref.name  # a changed policy is read anew
