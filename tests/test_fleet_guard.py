@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from temporalio import activity, workflow
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
-from temporalio.client import Client, WorkflowHandle, WorkflowHistory
+from temporalio.client import Client, WorkflowExecution, WorkflowHandle, WorkflowHistory
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment
@@ -157,10 +157,15 @@ async def guard_counts(client: Client, cluster: str, count: int, field: str, wha
     await guard_when(client, cluster, lambda s: len(getattr(s, field)) >= count, f"{count} {what}")
 
 
+async def guard_runs(client: Client, cluster: str) -> list[WorkflowExecution]:
+    """Every run of the cluster's guard, as the visibility list has them (it may lag the server)."""
+    return [w async for w in client.list_workflows(f'WorkflowId = "{guard_workflow_id(cluster)}"')]
+
+
 async def replay_guard_runs(client: Client, cluster: str) -> int:
     """Replay every run of the cluster's guard against the current code, as a worker does after a
     restart or a cache eviction: a run that cannot replay would hang on its next workflow task."""
-    runs = [w async for w in client.list_workflows(f'WorkflowId = "{guard_workflow_id(cluster)}"')]
+    runs = await guard_runs(client, cluster)
     for run in runs:
         history = await client.get_workflow_handle(run.id, run_id=run.run_id).fetch_history()
         try:  # bounded: a replay that never returns fails here, naming the run, not the whole suite
@@ -243,8 +248,7 @@ async def test_forty_of_a_hundred_nodes_fail_at_once(client: Client, task_queue:
     assert final.max_held == 5  # the budget was used, not merely respected
     assert final.grants == 40 and final.holders == [] and final.queue == []
     # FIFO: leases were granted in the order the guard received the requests.
-    runs = sorted([w async for w in client.list_workflows(f'WorkflowId = "{guard_workflow_id(cluster)}"')],
-                  key=lambda w: w.start_time)
+    runs = sorted(await guard_runs(client, cluster), key=lambda w: w.start_time)
     histories = [[e async for e in client.get_workflow_handle(run.id, run_id=run.run_id).fetch_history_events()]
                  for run in runs]
     requested, granted = fifo_evidence(histories)
@@ -336,7 +340,7 @@ async def test_a_guard_that_continues_as_new_tells_no_holder_again(client: Clien
         passing = [await client.start_workflow(LeaseHolder.run, args=[cluster, False], id=f"{cluster}-passing-{i}",
                                                task_queue=task_queue) for i in range(20)]
         await asyncio.wait_for(asyncio.gather(*(p.result() for p in passing)), 120)
-        runs = [w async for w in client.list_workflows(f'WorkflowId = "{guard_workflow_id(cluster)}"')]
+        runs = await guard_runs(client, cluster)
         assert len(runs) > 2, "the guard should have continued-as-new while the leases were held"
         # Counted where they arrive: the holders' own histories.
         for holder in holders:
@@ -393,9 +397,6 @@ async def test_a_continued_guard_whose_policy_read_the_worker_cancels_keeps_its_
         seen_runs.add(run_id)
         return run_id
 
-    async def guard_runs() -> list[Any]:
-        return [w async for w in client.list_workflows(f'WorkflowId = "{guard_workflow_id(cluster)}"')]
-
     async def first_task_completed(run_id: str) -> bool:
         return any([e async for e in client.get_workflow_handle(guard.id, run_id=run_id).fetch_history_events()
                     if e.HasField("workflow_task_completed_event_attributes")])
@@ -404,7 +405,7 @@ async def test_a_continued_guard_whose_policy_read_the_worker_cancels_keeps_its_
         """The failed workflow tasks of every run of the guard, from their histories, but those the
         server failed for a signal that came while the task continued the run as new (it hands the
         task out again to hear it first: the run's own workings, not this test's)."""
-        run_ids = seen_runs | {r.run_id for r in await guard_runs()}
+        run_ids = seen_runs | {r.run_id for r in await guard_runs(client, cluster)}
         return [e.workflow_task_failed_event_attributes.failure.message for run_id in sorted(run_ids)
                 async for e in client.get_workflow_handle(guard.id, run_id=run_id).fetch_history_events()
                 if e.HasField("workflow_task_failed_event_attributes")
@@ -449,7 +450,7 @@ async def test_a_continued_guard_whose_policy_read_the_worker_cancels_keeps_its_
         assert len(failed) == 1 and "the worker cancelled this local activity 3 times" in failed[0], failed
 
         # Counted from the server: no run of the guard failed, and the open one has every holder.
-        assert {r.status.name for r in await guard_runs()} <= {"RUNNING", "CONTINUED_AS_NEW"}
+        assert {r.status.name for r in await guard_runs(client, cluster)} <= {"RUNNING", "CONTINUED_AS_NEW"}
         assert sorted(h.workflow_id for h in (await guard_state(client, cluster)).holders) == sorted(
             h.id for h in holders)
         for holder in holders:
