@@ -1,0 +1,126 @@
+"""Benchmark: what the protective step's Slurm reads cost as the cluster grows.
+
+Every alert's protective step reads its Slurm node and the cluster's jobs (to find the node's), and
+the later steps read them again; in a storm runs asking at once share each read
+(activities/shared_reads.py). Each read is a CLI process of the worker's pod, and a request that
+slurmctld — one per cluster, the process a GPU cluster can least spare — answers. Debian's
+slurmctld here, with a fleet of silent nodes (bench/world.py's) and held jobs, each asking for 8
+nodes, as a long training queue has them.
+
+For each size (`--sizes NODES:JOBS,...`), the CPU a read costs on the worker's side (the
+process's, and the worker's own parsing of its answer), its wall time, and how much it printed:
+- `jobs`: FleetMedic's read of the jobs (`SlurmCli.jobs`, squeue's text in the fields it reads);
+- `jobs_as_json`: the same read as `squeue --json`, as FleetMedic read the jobs before it read the text
+  (22.05's --json prints every field of every job and ignores every filter);
+- `jobs_floor`: `squeue --noheader --states=all -o %i`, every job's ID and nothing else: the least
+  a read of the cluster's jobs costs;
+- `node`: FleetMedic's read of one node (`SlurmCli.nodes`, `scontrol show node -o NAME`, which
+  loads every node of the cluster);
+- `node_floor`: `sinfo --Node --nodes NAME --Format NodeList`, which asks slurmctld for that node
+  alone: the least a read of one node costs.
+
+Target: each FleetMedic read within 1.5x the floor's CPU, at every size.
+
+    python bench/slurm_reads.py [--sizes 1000:0,1000:2000,8000:2000] [--reads 10]
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from activities.slurm import SlurmCli
+from devstack.slurm_cluster import LocalSlurmCluster
+
+TARGET_RATIO = 1.5
+
+
+def children_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+class Printed:
+    """How many characters the last process printed: every read here runs its process through `run`."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env, self.chars = env, 0
+
+    def run(self, argv: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, input=stdin, timeout=60)
+        self.chars = len(done.stdout)
+        return done
+
+
+def measure(read: Callable[[], Any], printed: Printed, reads: int) -> dict[str, Any]:
+    """CPU a read (its process's and this thread's: the parsing), wall time, what its process printed."""
+    cpu, wall = [], []
+    for _ in range(reads):
+        children, own, began = children_cpu(), time.thread_time(), time.perf_counter()
+        read()
+        wall.append(time.perf_counter() - began)
+        cpu.append(children_cpu() - children + time.thread_time() - own)
+    return {"cpu_ms": round(statistics.median(cpu) * 1000, 2), "wall_ms": round(statistics.median(wall) * 1000, 2),
+            "printed_chars": printed.chars}
+
+
+def held_jobs(env: dict[str, str], jobs: int) -> None:
+    """`jobs` held jobs of 8 nodes each, submitted by one shell (a process per sbatch from here
+    would take longer than the reads)."""
+    script = "".join(f"sbatch --hold -N 8 -J 'train-{i}' --wrap 'sleep 1000' >/dev/null || exit 1\n"
+                     for i in range(jobs))
+    subprocess.run(["bash"], input=script, text=True, env=env, check=True, timeout=max(60, jobs / 10))
+
+
+def on(nodes: int, jobs: int, reads: int) -> dict[str, Any]:
+    names = [f"gpu-{i}" for i in range(nodes)]
+    with LocalSlurmCluster([], silent_nodes=names, workdir=Path(tempfile.mkdtemp(prefix="fleetmedic-bench-"))) as slurm:
+        env = {**os.environ, **slurm.env}
+        held_jobs(env, jobs)
+        cli, printed = SlurmCli(str(slurm.conf), timeout_s=60), Printed(env)
+        cli._run = printed.run  # type: ignore[method-assign]
+        node = names[len(names) // 2]
+        found = {name: measure(read, printed, reads) for name, read in (
+            ("jobs", cli.jobs),
+            ("jobs_as_json", lambda: cli._json("squeue", "--json")["jobs"]),
+            ("jobs_floor", lambda: cli.run("squeue", "--noheader", "--states=all", "-o", "%i").split()),
+            ("node", lambda: cli.nodes({node})),
+            ("node_floor", lambda: cli.run("sinfo", "--noheader", "--Node", "--nodes", node, "--Format", "NodeList")))}
+        assert len(cli.jobs()) == jobs and cli.nodes({node})[node].name == node and cli.jobs_read_as_json == 0
+    ratios = {"jobs": found["jobs"]["cpu_ms"] / found["jobs_floor"]["cpu_ms"],
+              "jobs_as_json": found["jobs_as_json"]["cpu_ms"] / found["jobs_floor"]["cpu_ms"],
+              "node": found["node"]["cpu_ms"] / found["node_floor"]["cpu_ms"]}
+    return {"cluster": {"nodes": nodes, "jobs": jobs}, **found,
+            "cpu_over_floor": {name: round(ratio, 2) for name, ratio in ratios.items()},
+            "meets_target": {name: ratios[name] <= TARGET_RATIO for name in ("jobs", "node")}}
+
+
+def main(sizes: list[tuple[int, int]], reads: int) -> dict[str, Any]:
+    return {"benchmark": "slurm_reads", "slurm": "Debian's Slurm 22.05, silent nodes, held 8-node jobs",
+            "what": "CPU of one read on the worker's side: the CLI process and the worker parsing its answer "
+                    "(medians)", "target_ratio": TARGET_RATIO,
+            "sizes": [on(nodes, jobs, reads) for nodes, jobs in sizes]}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1000:0,1000:2000,8000:2000",
+                        help="NODES:JOBS of each cluster, comma-separated")
+    parser.add_argument("--reads", type=int, default=10)
+    options = parser.parse_args()
+    sizes = [tuple(int(n) for n in size.split(":")) for size in options.sizes.split(",")]
+    print(json.dumps(main([(n, j) for n, j in sizes], options.reads)))
