@@ -136,21 +136,24 @@ JOB_FIELDS = (("JobID", "job_id"), ("State", "job_state"), ("RestartCnt", "resta
               ("WorkDir", "current_working_directory"))
 SEPARATOR = "\x1f"
 JOB_FORMAT = ",".join(f"{field}:{SEPARATOR}" for field, _ in JOB_FIELDS)
+JOB_KEYS = tuple(key for _, key in JOB_FIELDS)
 
 
 def jobs_from_format(text: str) -> list[dict[str, Any]] | None:
     """squeue's JOB_FORMAT lines as `squeue --json` jobs (the keys FleetMedic reads); None when a
     line does not split into JOB_FIELDS, or its numbers are not numbers: the caller reads JSON."""
     jobs: list[dict[str, Any]] = []
-    for line in text.splitlines():
+    for line in text.splitlines():  # thousands in a fleet's queue: one dict each, made once
         values = line.split(SEPARATOR)
-        if len(values) != len(JOB_FIELDS) + 1 or values[-1]:
+        if len(values) != len(JOB_KEYS) + 1 or values[-1]:
             return None
-        text_of = {key: value for (_, key), value in zip(JOB_FIELDS, values, strict=False)}
-        if not (text_of["job_id"].isdigit() and text_of["restart_cnt"].isdigit() and text_of["requeue"] in ("0", "1")):
+        # zip stops before the empty rest after the last separator
+        job: dict[str, Any] = dict(zip(JOB_KEYS, values, strict=False))
+        job_id, restarts, requeue = job["job_id"], job["restart_cnt"], job["requeue"]
+        if not (job_id.isdigit() and restarts.isdigit() and requeue in ("0", "1")):
             return None
-        jobs.append({**text_of, "job_id": int(text_of["job_id"]), "restart_cnt": int(text_of["restart_cnt"]),
-                     "requeue": text_of["requeue"] == "1"})
+        job["job_id"], job["restart_cnt"], job["requeue"] = int(job_id), int(restarts), requeue == "1"
+        jobs.append(job)
     return jobs
 
 
