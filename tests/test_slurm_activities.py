@@ -348,8 +348,8 @@ def until_state(slurm: LocalSlurmCluster, job: int, state: str) -> None:
 
 
 def test_jobs_read_from_squeues_text_are_the_jobs_of_its_json(slurm: LocalSlurmCluster, tmp_path: Path) -> None:
-    """The jobs are read from squeue's text, not its --json (every field of every job: 6 MB and 210 ms
-    of squeue's CPU with 2,000 jobs, against 100 KB and 11 ms). Each job FleetMedic reads is the same
+    """The jobs are read from squeue's text, not its --json (every field of every job: 6 MB and 260 ms
+    of CPU a read with 2,000 jobs, against 100 KB and 16 ms). Each job FleetMedic reads is the same
     from both: one that ended, one requeued, one held, one on two nodes (each by name), and one whose
     name and directory hold spaces, `|` and non-ASCII. A name the text cannot be split around (a
     line break) sends that read to JSON, counted, and the jobs are the same still."""
