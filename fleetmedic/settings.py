@@ -36,7 +36,7 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("KUBECONFIG", "(in-cluster config, else ~/.kube/config)", "Kubernetes client configuration"),
     EnvVar("FLEETMEDIC_KUBE_TIMEOUT", "10", "seconds per Kubernetes API call"),
     EnvVar("FLEETMEDIC_SLURM", "auto", "auto (use Slurm when scontrol is on PATH), on, or off"),
-    EnvVar("SLURM_CONF", "(Slurm's default /etc/slurm/slurm.conf)", "slurm.conf used by scontrol/squeue"),
+    EnvVar("SLURM_CONF", "(Slurm's default /etc/slurm/slurm.conf)", "slurm.conf used by scontrol/sinfo/squeue"),
     EnvVar("FLEETMEDIC_SLURMRESTD_URL", "(none: read through the CLI)", "slurmrestd base URL for reads"),
     EnvVar("SLURM_JWT", "(none)", "JWT for slurmrestd"),
     EnvVar("FLEETMEDIC_SLURM_USER", "root", "X-SLURM-USER-NAME sent to slurmrestd"),
