@@ -139,16 +139,22 @@ JOB_FORMAT = ",".join(f"{field}:{SEPARATOR}" for field, _ in JOB_FIELDS)
 JOB_KEYS = tuple(key for _, key in JOB_FIELDS)
 
 
+def split_fields(line: str, count: int) -> list[str] | None:
+    """A line of a --Format read: its `count` fields, each followed by SEPARATOR; None when the line
+    does not split into exactly those and an empty rest (free text holding the separator, or cut by
+    a line break)."""
+    values = line.split(SEPARATOR)
+    return values[:-1] if len(values) == count + 1 and not values[-1] else None
+
+
 def jobs_from_format(text: str) -> list[dict[str, Any]] | None:
     """squeue's JOB_FORMAT lines as `squeue --json` jobs (the keys FleetMedic reads); None when a
     line does not split into JOB_FIELDS, or its numbers are not numbers: the caller reads JSON."""
     jobs: list[dict[str, Any]] = []
     for line in text.splitlines():  # thousands in a fleet's queue: one dict each, made once
-        values = line.split(SEPARATOR)
-        if len(values) != len(JOB_KEYS) + 1 or values[-1]:
+        if (values := split_fields(line, len(JOB_KEYS))) is None:
             return None
-        # zip stops before the empty rest after the last separator
-        job: dict[str, Any] = dict(zip(JOB_KEYS, values, strict=False))
+        job: dict[str, Any] = dict(zip(JOB_KEYS, values, strict=True))
         job_id, restarts, requeue = job["job_id"], job["restart_cnt"], job["requeue"]
         if not (job_id.isdigit() and restarts.isdigit() and requeue in ("0", "1")):
             return None
@@ -169,14 +175,20 @@ def node_from_format(text: str, name: str) -> SlurmNode | None:
     split into NODE_FIELDS or names another node."""
     seen = set()
     for line in text.splitlines():
-        values = line.split(SEPARATOR)
-        if len(values) != len(NODE_FIELDS) + 1 or values[-1] or values[0] != name:
+        if (values := split_fields(line, len(NODE_FIELDS))) is None or values[0] != name:
             return None
         seen.add((values[1], values[2].strip()))
     if len(seen) != 1:
         return None
-    state_text, reason = seen.pop()
-    parts = [p for p in state_text.split("+") if p]
+    state, reason = seen.pop()
+    return slurm_node(name, state, reason)
+
+
+def slurm_node(name: str, state: str, reason: str) -> SlurmNode:
+    """A node as Slurm's CLI states it, scontrol's `IDLE+DRAIN+NOT_RESPONDING` (`*`: not
+    responding, in older forms) or sinfo's same words in lower case: the base state and its flags;
+    a reason "none" is none."""
+    parts = [p for p in state.split("+") if p]
     return SlurmNode(name=name, state=parts[0].rstrip("*").lower() if parts else "",
                      flags=[p.rstrip("*").upper() for p in parts[1:]], reason="" if reason == "none" else reason)
 
@@ -219,12 +231,9 @@ def node_from_scontrol(line: str) -> SlurmNode:
     """One node of `scontrol show node -o NAME`: `State=IDLE+DRAIN` gives the state and its flags
     (`*`: not responding); `Reason=` runs to the end of the line, less its `[user@time]`."""
     fields = scontrol_fields(line)
-    parts = [p for p in fields.get("State", "").split("+") if p]
-    state = parts[0].rstrip("*").lower() if parts else ""
     reason = line.partition(" Reason=")[2].strip() if " Reason=" in line else ""
-    reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", reason)
-    return SlurmNode(name=fields.get("NodeName", ""), state=state, flags=[p.rstrip("*").upper() for p in parts[1:]],
-                     reason="" if reason == "none" else reason)
+    return slurm_node(fields.get("NodeName", ""), fields.get("State", ""),
+                      re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", reason))
 
 
 def slurmctld_address(slurm_conf: str) -> str:
