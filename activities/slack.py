@@ -15,18 +15,10 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from temporalio import activity
 
+from activities.metrics import count
 from fleetmedic.models import NotifyResult, NotifyStart, NotifyStep
 
 log = logging.getLogger(__name__)
-
-
-
-def _count(name: str, kind: str) -> None:
-    # The SDK's meter: these land on the worker's /metrics beside Temporal's own.
-    try:
-        activity.metric_meter().create_counter(name, "Slack notifications").add(1, {"kind": kind})
-    except RuntimeError:  # called outside an activity (tests of the class itself)
-        pass
 
 
 class SlackActivities:
@@ -49,9 +41,9 @@ class SlackActivities:
         except Exception as exc:  # timeouts, connection errors: never fail the runbook
             error = f"{type(exc).__name__}: {exc}"
         else:
-            _count("fleetmedic_notifications_sent", kind)
+            count("fleetmedic_notifications_sent", "Slack notifications", {"kind": kind})
             return NotifyResult(delivered=True, channel=str(response["channel"]), ts=str(response["ts"]))
-        _count("fleetmedic_notifications_failed", kind)
+        count("fleetmedic_notifications_failed", "Slack notifications", {"kind": kind})
         log.warning("slack %s not delivered: %s", kind, error)
         return NotifyResult(delivered=False, channel=str(kwargs["channel"] or ""), error=error)
 

@@ -30,6 +30,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.errors import fail, http_errors, raise_for_status
+from activities.metrics import count
 from activities.shared_reads import SharedReads
 from activities.slurm_names import OPERATOR_PREFIX, SameName, SlurmNames
 from fleetmedic.errors import ErrorKind
@@ -193,16 +194,6 @@ def slurm_node(name: str, state: str, reason: str) -> SlurmNode:
                      flags=[p.rstrip("*").upper() for p in parts[1:]], reason="" if reason == "none" else reason)
 
 
-def _count_json_read() -> None:
-    # The SDK's meter, as Slack's counters: on the worker's /metrics beside Temporal's own.
-    try:
-        activity.metric_meter().create_counter(
-            "fleetmedic_slurm_jobs_read_as_json", "job lists read as JSON: squeue's text had a line it could not split"
-        ).add(1)
-    except RuntimeError:  # outside an activity (a read shared by runs asking at once, tests)
-        pass
-
-
 # One node update: (node, state, reason — "" for none).
 NodeUpdate = tuple[str, str, str]
 
@@ -335,7 +326,8 @@ class SlurmCli:
         self.jobs_read_as_json += 1
         log.warning("squeue's text had a job it could not split into fields (a name or working directory with "
                     "a line break or \\x1f): jobs read as JSON this time (%d so far)", self.jobs_read_as_json)
-        _count_json_read()
+        count("fleetmedic_slurm_jobs_read_as_json",
+              "job lists read as JSON: squeue's text had a line it could not split")
         return list(self._json("squeue", "--json").get("jobs", []))
 
     def update_nodes(self, updates: Collection[NodeUpdate]) -> dict[NodeUpdate, Exception]:
