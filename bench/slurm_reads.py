@@ -48,6 +48,9 @@ from activities.slurm import SlurmCli
 from devstack.slurm_cluster import LocalSlurmCluster
 
 TARGET_RATIO = 1.5
+# Each read beside the floor of what it reads.
+FLOOR_OF = {"jobs": "jobs_floor", "jobs_as_json": "jobs_floor",
+            "node": "node_floor", "node_with_scontrol": "node_floor"}
 
 
 def children_cpu() -> float:
@@ -56,15 +59,18 @@ def children_cpu() -> float:
 
 
 class Printed:
-    """How many characters the last process printed: every read here runs its process through `run`."""
+    """How many characters the last process of `cli` printed: its reads keep running their processes
+    as the worker's do (`SlurmCli._run`), watched on their way back."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env, self.chars = env, 0
+    def __init__(self, cli: SlurmCli) -> None:
+        self.chars, real = 0, cli._run
 
-    def run(self, argv: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, input=stdin, timeout=60)
-        self.chars = len(done.stdout)
-        return done
+        def run(argv: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+            done = real(argv, stdin)
+            self.chars = len(done.stdout)
+            return done
+
+        cli._run = run  # type: ignore[method-assign]
 
 
 def measure(read: Callable[[], Any], printed: Printed, reads: int) -> dict[str, Any]:
@@ -90,10 +96,9 @@ def held_jobs(env: dict[str, str], jobs: int) -> None:
 def on(nodes: int, jobs: int, reads: int) -> dict[str, Any]:
     names = [f"gpu-{i}" for i in range(nodes)]
     with LocalSlurmCluster([], silent_nodes=names, workdir=Path(tempfile.mkdtemp(prefix="fleetmedic-bench-"))) as slurm:
-        env = {**os.environ, **slurm.env}
-        held_jobs(env, jobs)
-        cli, printed = SlurmCli(str(slurm.conf), timeout_s=60), Printed(env)
-        cli._run = printed.run  # type: ignore[method-assign]
+        held_jobs({**os.environ, **slurm.env}, jobs)
+        cli = SlurmCli(str(slurm.conf), timeout_s=60)
+        printed = Printed(cli)
         node = names[len(names) // 2]
         found = {name: measure(read, printed, reads) for name, read in (
             ("jobs", cli.jobs),
@@ -103,10 +108,7 @@ def on(nodes: int, jobs: int, reads: int) -> dict[str, Any]:
             ("node_with_scontrol", lambda: cli.run("scontrol", "show", "node", "-o", node)),
             ("node_floor", lambda: cli.run("sinfo", "--noheader", "--Node", "--nodes", node, "--Format", "NodeList")))}
         assert len(cli.jobs()) == jobs and cli.nodes({node})[node].name == node and cli.jobs_read_as_json == 0
-    ratios = {"jobs": found["jobs"]["cpu_ms"] / found["jobs_floor"]["cpu_ms"],
-              "jobs_as_json": found["jobs_as_json"]["cpu_ms"] / found["jobs_floor"]["cpu_ms"],
-              "node": found["node"]["cpu_ms"] / found["node_floor"]["cpu_ms"],
-              "node_with_scontrol": found["node_with_scontrol"]["cpu_ms"] / found["node_floor"]["cpu_ms"]}
+    ratios = {name: found[name]["cpu_ms"] / found[floor]["cpu_ms"] for name, floor in FLOOR_OF.items()}
     return {"cluster": {"nodes": nodes, "jobs": jobs}, **found,
             "cpu_over_floor": {name: round(ratio, 2) for name, ratio in ratios.items()},
             "meets_target": {name: ratios[name] <= TARGET_RATIO for name in ("jobs", "node")}}
@@ -125,5 +127,5 @@ if __name__ == "__main__":
                         help="NODES:JOBS of each cluster, comma-separated")
     parser.add_argument("--reads", type=int, default=10)
     options = parser.parse_args()
-    sizes = [tuple(int(n) for n in size.split(":")) for size in options.sizes.split(",")]
-    print(json.dumps(main([(n, j) for n, j in sizes], options.reads)))
+    sizes = [size.split(":") for size in options.sizes.split(",")]
+    print(json.dumps(main([(int(nodes), int(jobs)) for nodes, jobs in sizes], options.reads)))
