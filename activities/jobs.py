@@ -92,9 +92,8 @@ class JobActivities:
     def ended_jobs(self, since: datetime) -> list[JobEnd]:
         """Jobs Slurm still shows (MinJobAge) that ended after `since`."""
         # An unreachable slurmctld raises here, naming it (SlurmCli): the runbook tries again later.
-        jobs = self.slurm.cli._json("squeue", "--json", "--states=all")
         ends = []
-        for raw in jobs.get("jobs", []):
+        for raw in self.cli.ended_jobs():
             try:
                 end = from_squeue(raw)
             except ValueError:

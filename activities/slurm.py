@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
 import httpx
@@ -34,7 +34,7 @@ from activities.metrics import count
 from activities.shared_reads import SharedReads
 from activities.slurm_names import OPERATOR_PREFIX, SameName, SlurmNames
 from fleetmedic.errors import ErrorKind
-from fleetmedic.job_failures import expand_hostlist
+from fleetmedic.job_failures import ENDED_STATES, expand_hostlist
 from fleetmedic.listing import first_few
 from fleetmedic.models import (
     ActionResult,
@@ -135,9 +135,25 @@ def job_from_json(raw: dict[str, Any]) -> SlurmJob:
 JOB_FIELDS = (("JobID", "job_id"), ("State", "job_state"), ("RestartCnt", "restart_cnt"), ("Requeue", "requeue"),
               ("Reason", "state_reason"), ("NodeList", "nodes"), ("Name", "name"),
               ("WorkDir", "current_working_directory"))
+# The ended jobs' fields, for the job-failures runbook's reconciliation (activities/jobs.py): the
+# wait status as --json gives it (768: exit 3), times as seconds since the epoch (SLURM_TIME_FORMAT).
+END_FIELDS = (("JobID", "job_id"), ("State", "job_state"), ("exit_code", "exit_code"), ("StartTime", "start_time"),
+              ("EndTime", "end_time"), ("NodeList", "nodes"), ("RestartCnt", "restart_cnt"), ("Name", "name"))
 SEPARATOR = "\x1f"
-JOB_FORMAT = ",".join(f"{field}:{SEPARATOR}" for field, _ in JOB_FIELDS)
-JOB_KEYS = tuple(key for _, key in JOB_FIELDS)
+# A strftime format (squeue(1), SLURM_TIME_FORMAT): each time as the epoch's seconds, whatever the
+# worker's time zone or its own setting; a time Slurm has not set prints as a word ("Unknown").
+EPOCH_SECONDS = {"SLURM_TIME_FORMAT": "%s"}
+# Fields whose text must be a number: a line where one is not was misread. A time Slurm has not
+# set (a word) is 0, as --json has it. Requeue is 0 or 1.
+NUMBERS = ("job_id", "restart_cnt", "exit_code")
+TIMES = ("start_time", "end_time")
+
+
+def job_format(fields: Sequence[tuple[str, str]]) -> str:
+    return ",".join(f"{field}:{SEPARATOR}" for field, _ in fields)
+
+
+JOB_FORMAT, END_FORMAT = job_format(JOB_FIELDS), job_format(END_FIELDS)
 
 
 def split_fields(line: str, count: int) -> list[str] | None:
@@ -148,18 +164,29 @@ def split_fields(line: str, count: int) -> list[str] | None:
     return values[:-1] if len(values) == count + 1 and not values[-1] else None
 
 
-def jobs_from_format(text: str) -> list[dict[str, Any]] | None:
-    """squeue's JOB_FORMAT lines as `squeue --json` jobs (the keys FleetMedic reads); None when a
-    line does not split into JOB_FIELDS, or its numbers are not numbers: the caller reads JSON."""
+def jobs_from_format(text: str, fields: Sequence[tuple[str, str]] = JOB_FIELDS) -> list[dict[str, Any]] | None:
+    """squeue's lines in `fields` (job_format) as `squeue --json` jobs (the keys FleetMedic reads);
+    None when a line does not split into the fields, or its numbers are not numbers: the caller
+    reads JSON."""
+    keys = tuple(key for _, key in fields)
+    numbers = [key for key in keys if key in NUMBERS]
+    times = [key for key in keys if key in TIMES]
+    requeue = "requeue" in keys
     jobs: list[dict[str, Any]] = []
     for line in text.splitlines():  # thousands in a fleet's queue: one dict each, made once
-        if (values := split_fields(line, len(JOB_KEYS))) is None:
+        if (values := split_fields(line, len(keys))) is None:
             return None
-        job: dict[str, Any] = dict(zip(JOB_KEYS, values, strict=True))
-        job_id, restarts, requeue = job["job_id"], job["restart_cnt"], job["requeue"]
-        if not (job_id.isdigit() and restarts.isdigit() and requeue in ("0", "1")):
-            return None
-        job["job_id"], job["restart_cnt"], job["requeue"] = int(job_id), int(restarts), requeue == "1"
+        job: dict[str, Any] = dict(zip(keys, values, strict=True))
+        for key in numbers:
+            if not (value := job[key]).isdigit():
+                return None
+            job[key] = int(value)
+        for key in times:
+            job[key] = int(value) if (value := job[key]).isdigit() else 0
+        if requeue:
+            if job["requeue"] not in ("0", "1"):
+                return None
+            job["requeue"] = job["requeue"] == "1"
         jobs.append(job)
     return jobs
 
@@ -246,21 +273,22 @@ class SlurmCli:
     def __init__(self, slurm_conf: str | None, timeout_s: float) -> None:
         self.env = {**os.environ, **({"SLURM_CONF": slurm_conf} if slurm_conf else {})}
         self.timeout = timeout_s
-        self.jobs_read_as_json = 0  # job lists squeue's text could not give (`jobs`)
+        self.jobs_read_as_json = 0  # job lists squeue's text could not give (`jobs`, `ended_jobs`)
         self.controller = slurmctld_address(self.env.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
 
-    def run(self, *argv: str) -> str:
-        done = self._run(argv)
+    def run(self, *argv: str, env: Mapping[str, str] | None = None) -> str:
+        done = self._run(argv, env=env)
         if done.returncode != 0:
             self._raise(argv, done, (done.stderr or done.stdout).strip())
         return done.stdout
 
-    def _run(self, argv: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    def _run(self, argv: Sequence[str], stdin: str | None = None,
+             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         if shutil.which(argv[0]) is None:
             raise fail(ErrorKind.UNAVAILABLE, f"{argv[0]} is not installed on this worker")
         try:
-            return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=self.timeout,
-                                  input=stdin)
+            return subprocess.run(list(argv), env={**self.env, **env} if env else self.env, capture_output=True,
+                                  text=True, timeout=self.timeout, input=stdin)
         except subprocess.TimeoutExpired:
             raise fail(ErrorKind.TIMEOUT, f"slurmctld at {self.controller} did not answer {' '.join(argv[:2])} "
                                           f"within {self.timeout}s") from None
@@ -323,12 +351,25 @@ class SlurmCli:
         text = self.run("squeue", "--noheader", "--all", "--states=all", f"--Format={JOB_FORMAT}")
         if (jobs := jobs_from_format(text)) is not None:
             return jobs
+        return self._jobs_as_json("the jobs")
+
+    def ended_jobs(self) -> list[dict[str, Any]]:
+        """The jobs that ended and that slurmctld still holds (MinJobAge), as `jobs` reads them, in
+        END_FIELDS: squeue filters them out of the queue (its filters are lost on --json, which
+        prints every job: 25 MB and 1 s of CPU with 8,000; bench/slurm_reads.py)."""
+        text = self.run("squeue", "--noheader", "--all", f"--states={','.join(sorted(ENDED_STATES))}",
+                        f"--Format={END_FORMAT}", env=EPOCH_SECONDS)
+        if (jobs := jobs_from_format(text, END_FIELDS)) is not None:
+            return jobs
+        return self._jobs_as_json("the ended jobs")
+
+    def _jobs_as_json(self, what: str) -> list[dict[str, Any]]:
         self.jobs_read_as_json += 1
         log.warning("squeue's text had a job it could not split into fields (a name or working directory with "
-                    "a line break or \\x1f): jobs read as JSON this time (%d so far)", self.jobs_read_as_json)
+                    "a line break or \\x1f): %s read as JSON this time (%d so far)", what, self.jobs_read_as_json)
         count("fleetmedic_slurm_jobs_read_as_json",
               "job lists read as JSON: squeue's text had a line it could not split")
-        return list(self._json("squeue", "--json").get("jobs", []))
+        return list(self._json("squeue", "--json", "--states=all").get("jobs", []))
 
     def update_nodes(self, updates: Collection[NodeUpdate]) -> dict[NodeUpdate, Exception]:
         """Node updates asked at the same time, through one `scontrol` reading them from its stdin:

@@ -14,15 +14,20 @@ process's, and the worker's own parsing of its answer), its wall time, and how m
   (22.05's --json prints every field of every job and ignores every filter);
 - `jobs_floor`: `squeue --noheader --states=all -o %i`, every job's ID and nothing else: the least
   a read of the cluster's jobs costs;
+- `ended_jobs`: FleetMedic's read of the jobs that ended (`SlurmCli.ended_jobs`, the job-failures
+  runbook's reconciliation every 2 minutes: squeue's text of those jobs alone);
+- `ended_jobs_as_json`: the same read as `squeue --json --states=all`, as FleetMedic read it before;
+- `ended_jobs_floor`: `squeue --noheader --states=<the ended states> -o %i`, those jobs' IDs alone;
 - `node`: FleetMedic's read of one node (`SlurmCli.nodes`: sinfo's text of that node);
 - `node_with_scontrol`: the same read as `scontrol show node -o NAME`, as FleetMedic read a node
   before it read sinfo's text (scontrol loads every node of the cluster, then prints the one);
 - `node_floor`: `sinfo --Node --nodes NAME --Format NodeList`, which asks slurmctld for that node
   alone, and prints its name: the least a read of one node costs.
 
-Target: each FleetMedic read within 1.5x the floor's CPU, at every size.
+Target: each FleetMedic read within 1.5x the floor's CPU, at every size. `NODES:JOBS:ENDED` adds
+ENDED jobs cancelled while held (ended, kept MinJobAge as the ones the reconciliation looks for).
 
-    python bench/slurm_reads.py [--sizes 1000:0,1000:2000,8000:2000] [--reads 10]
+    python bench/slurm_reads.py [--sizes 1000:0,1000:2000,8000:2000,8000:6000:2000] [--reads 10]
 
 Prints one JSON object.
 """
@@ -38,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +51,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from activities.slurm import SlurmCli
 from devstack.slurm_cluster import LocalSlurmCluster
+from fleetmedic.job_failures import ENDED_STATES
 
 TARGET_RATIO = 1.5
 # Each read beside the floor of what it reads.
-FLOOR_OF = {"jobs": "jobs_floor", "jobs_as_json": "jobs_floor",
-            "node": "node_floor", "node_with_scontrol": "node_floor"}
+FLOOR_OF = {"jobs": "jobs_floor", "jobs_as_json": "jobs_floor", "ended_jobs": "ended_jobs_floor",
+            "ended_jobs_as_json": "ended_jobs_floor", "node": "node_floor", "node_with_scontrol": "node_floor"}
+TARGETS = ("jobs", "ended_jobs", "node")
+ENDED = ",".join(sorted(ENDED_STATES))
 
 
 def children_cpu() -> float:
@@ -65,8 +73,9 @@ class Printed:
     def __init__(self, cli: SlurmCli) -> None:
         self.chars, real = 0, cli._run
 
-        def run(argv: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-            done = real(argv, stdin)
+        def run(argv: Sequence[str], stdin: str | None = None,
+                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+            done = real(argv, stdin, env)
             self.chars = len(done.stdout)
             return done
 
@@ -85,18 +94,20 @@ def measure(read: Callable[[], Any], printed: Printed, reads: int) -> dict[str, 
             "printed_chars": printed.chars}
 
 
-def held_jobs(env: dict[str, str], jobs: int) -> None:
-    """`jobs` held jobs of 8 nodes each, submitted by one shell (a process per sbatch from here
-    would take longer than the reads)."""
-    script = "".join(f"sbatch --hold -N 8 -J 'train-{i}' --wrap 'sleep 1000' >/dev/null || exit 1\n"
-                     for i in range(jobs))
-    subprocess.run(["bash"], input=script, text=True, env=env, check=True, timeout=max(60, jobs / 10))
+def held_jobs(env: dict[str, str], jobs: int, ended: int) -> None:
+    """`jobs` held jobs of 8 nodes each, and `ended` more cancelled, submitted by one shell (a process
+    per sbatch from here would take longer than the reads)."""
+    script = "".join(f"sbatch --hold -N 8 -J '{name}-{i}' --wrap 'sleep 1000' >/dev/null || exit 1\n"
+                     for name, count in (("train", jobs), ("ended", ended)) for i in range(count))
+    script += "squeue --noheader -o '%i %j' | awk '$2 ~ /^ended-/ {print $1}' | xargs -r scancel\n" if ended else ""
+    subprocess.run(["bash", "-o", "pipefail"], input=script, text=True, env=env, check=True,
+                   timeout=max(60, (jobs + ended) / 10))
 
 
-def on(nodes: int, jobs: int, reads: int) -> dict[str, Any]:
+def on(nodes: int, jobs: int, ended: int, reads: int) -> dict[str, Any]:
     names = [f"gpu-{i}" for i in range(nodes)]
     with LocalSlurmCluster([], silent_nodes=names, workdir=Path(tempfile.mkdtemp(prefix="fleetmedic-bench-"))) as slurm:
-        held_jobs({**os.environ, **slurm.env}, jobs)
+        held_jobs({**os.environ, **slurm.env}, jobs, ended)
         cli = SlurmCli(str(slurm.conf), timeout_s=60)
         printed = Printed(cli)
         node = names[len(names) // 2]
@@ -104,28 +115,33 @@ def on(nodes: int, jobs: int, reads: int) -> dict[str, Any]:
             ("jobs", cli.jobs),
             ("jobs_as_json", lambda: cli._json("squeue", "--json")["jobs"]),
             ("jobs_floor", lambda: cli.run("squeue", "--noheader", "--states=all", "-o", "%i").split()),
+            ("ended_jobs", cli.ended_jobs),
+            ("ended_jobs_as_json", lambda: cli._json("squeue", "--json", "--states=all")["jobs"]),
+            ("ended_jobs_floor", lambda: cli.run("squeue", "--noheader", f"--states={ENDED}", "-o",
+                                                 "%i").split()),
             ("node", lambda: cli.nodes({node})),
             ("node_with_scontrol", lambda: cli.run("scontrol", "show", "node", "-o", node)),
             ("node_floor", lambda: cli.run("sinfo", "--noheader", "--Node", "--nodes", node, "--Format", "NodeList")))}
-        assert len(cli.jobs()) == jobs and cli.nodes({node})[node].name == node and cli.jobs_read_as_json == 0
+        assert len(cli.jobs()) == jobs + ended and len(cli.ended_jobs()) == ended
+        assert cli.nodes({node})[node].name == node and cli.jobs_read_as_json == 0
     ratios = {name: found[name]["cpu_ms"] / found[floor]["cpu_ms"] for name, floor in FLOOR_OF.items()}
-    return {"cluster": {"nodes": nodes, "jobs": jobs}, **found,
+    return {"cluster": {"nodes": nodes, "jobs": jobs, "ended": ended}, **found,
             "cpu_over_floor": {name: round(ratio, 2) for name, ratio in ratios.items()},
-            "meets_target": {name: ratios[name] <= TARGET_RATIO for name in ("jobs", "node")}}
+            "meets_target": {name: ratios[name] <= TARGET_RATIO for name in TARGETS}}
 
 
-def main(sizes: list[tuple[int, int]], reads: int) -> dict[str, Any]:
+def main(sizes: list[tuple[int, int, int]], reads: int) -> dict[str, Any]:
     return {"benchmark": "slurm_reads", "slurm": "Debian's Slurm 22.05, silent nodes, held 8-node jobs",
             "what": "CPU of one read on the worker's side: the CLI process and the worker parsing its answer "
                     "(medians)", "target_ratio": TARGET_RATIO,
-            "sizes": [on(nodes, jobs, reads) for nodes, jobs in sizes]}
+            "sizes": [on(nodes, jobs, ended, reads) for nodes, jobs, ended in sizes]}
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1000:0,1000:2000,8000:2000",
-                        help="NODES:JOBS of each cluster, comma-separated")
+    parser.add_argument("--sizes", default="1000:0,1000:2000,8000:2000,8000:6000:2000",
+                        help="NODES:JOBS[:ENDED] of each cluster, comma-separated")
     parser.add_argument("--reads", type=int, default=10)
     options = parser.parse_args()
-    sizes = [size.split(":") for size in options.sizes.split(",")]
-    print(json.dumps(main([(int(nodes), int(jobs)) for nodes, jobs in sizes], options.reads)))
+    sizes = [[int(n) for n in size.split(":")] + [0] for size in options.sizes.split(",")]
+    print(json.dumps(main([(nodes, jobs, ended) for nodes, jobs, ended, *_ in sizes], options.reads)))

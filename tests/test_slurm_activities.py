@@ -7,14 +7,16 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.exceptions import ApplicationError
 
+from activities.jobs import JobActivities
 from activities.shared_reads import SharedReads
 from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
 from devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
@@ -124,10 +126,11 @@ class HeldReads:
         self.release = threading.Event()
         real = cli._run
 
-        def spy(argv: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        def spy(argv: Sequence[str], stdin: str | None = None,
+                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
             self.commands.append(tuple(argv))
             self.stdins.append(stdin)
-            done = real(argv, stdin)
+            done = real(argv, stdin, env)
             if tuple(argv[:len(held)]) == held and not self.read_done.is_set():
                 self.read_done.set()
                 self.release.wait(30)
@@ -384,6 +387,59 @@ def test_jobs_read_from_squeues_text_are_the_jobs_of_its_json(slurm: LocalSlurmC
     assert read(from_text) == read(from_json)
     assert cli.jobs_read_as_json == len(ids) + 3  # each read of the text, then as JSON
     assert any(job.name == "line\nbreak" for job in [run(from_text.get_job, broken)])
+
+
+class JsonEnds(SlurmCli):
+    """The ended jobs as the reconciliation read them before squeue's text: every job of `squeue --json`."""
+
+    def ended_jobs(self) -> list[dict[str, Any]]:
+        return list(self._json("squeue", "--json", "--states=all").get("jobs", []))
+
+
+def test_ended_jobs_read_from_squeues_text_are_those_of_its_json(slurm: LocalSlurmCluster) -> None:
+    """The job-failures runbook's reconciliation reads the jobs that ended from squeue's text of
+    those jobs alone, not --json (every field of every job: 25 MB and 1 s of CPU with 8,000). Each
+    end is the one --json gives: exit 3 (wait status 768), killed by SIGKILL, completed on two
+    nodes, cancelled running and cancelled held, each with its times; running and held jobs are no
+    end. The times are the epoch's seconds whatever the worker's zone or SLURM_TIME_FORMAT; a name
+    the text cannot carry (a line break) sends the read to JSON, counted, with the same ends. (A job
+    cancelled before it ran ended on no node: no end, either way.)"""
+    cli = SlurmCli(str(slurm.conf), timeout_s=10)
+    cli.env.update(TZ="America/St_Johns", SLURM_TIME_FORMAT="relative")  # UTC-3:30, and "Ystday 17:05"
+    as_json = JsonEnds(str(slurm.conf), timeout_s=10)
+    from_text, from_json = JobActivities(SlurmActivities(cli)), JobActivities(SlurmActivities(as_json))
+    failed = slurm.submit("#!/bin/bash\nexit 3\n", "-w", "gpu-node-0")
+    killed = slurm.submit("#!/bin/bash\nkill -9 $$\n", "-w", "gpu-node-0")
+    done = slurm.submit("#!/bin/bash\ntrue\n", "-N", "2", "-w", "gpu-node-[1-2]", "-J", "train | llama 70B ✓")
+    running, _ = slurm.submit(SLEEPER, "-w", "gpu-node-2"), slurm.submit(SLEEPER, "--hold")
+    cancelled, cancelled_held = slurm.submit(SLEEPER, "-w", "gpu-node-1"), slurm.submit(SLEEPER, "--hold")
+    assert job_on(slurm, cancelled) == "gpu-node-1" and job_on(slurm, running) == "gpu-node-2"
+    time.sleep(1.1)  # its end a second after its start, at least: the times are Slurm's seconds
+    slurm.run("scancel", str(cancelled), str(cancelled_held))
+    for job, state in ((failed, "FAILED"), (killed, "FAILED"), (done, "COMPLETED"), (cancelled, "CANCELLED")):
+        until_state(slurm, job, state)
+    spy = HeldReads(cli, ("none held",))
+    since = datetime(2000, 1, 1, tzinfo=UTC)
+    ends = run(from_text.ended_jobs, since)
+    by_id = {int(end.job): end for end in ends}
+    assert by_id == {int(end.job): end for end in run(from_json.ended_jobs, since)}  # each end, in any order
+    # Running and held jobs have not ended; one cancelled before it ran ended on no node: nothing to count.
+    assert sorted(by_id) == sorted((failed, killed, done, cancelled))
+    assert [(by_id[j].state, by_id[j].exit_code) for j in (failed, killed, done, cancelled)] == [
+        ("FAILED", 3), ("FAILED", -9), ("COMPLETED", 0), ("CANCELLED", -15)]
+    assert by_id[done].nodes == ["gpu-node-1", "gpu-node-2"] and by_id[done].name == "train | llama 70B ✓"
+    now = datetime.now(UTC)
+    assert all(now - timedelta(minutes=2) < end.ended_at <= now for end in ends)
+    assert by_id[cancelled].started_at is not None and by_id[cancelled].started_at < by_id[cancelled].ended_at
+    [read] = spy.runs_of("squeue")
+    assert "--json" not in read and cli.jobs_read_as_json == 0
+    assert run(from_text.ended_jobs, max(end.ended_at for end in ends)) == []
+    broken = slurm.submit(SLEEPER, "--hold", "-J", "line\nbreak")
+    slurm.run("scancel", str(broken))
+    until_state(slurm, broken, "CANCELLED")
+    again = {int(end.job): end for end in run(from_text.ended_jobs, since)}
+    assert again == {int(end.job): end for end in run(from_json.ended_jobs, since)} and cli.jobs_read_as_json == 1
+    assert set(again) == set(by_id)  # and the job that broke the text, cancelled before it ran, is none
 
 
 def test_controller_down_is_retryable_and_back_works(slurm: LocalSlurmCluster, slurm_acts: SlurmActivities) -> None:
