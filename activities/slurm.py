@@ -52,6 +52,7 @@ ACTIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
 ENDED_AFTER_SIGNAL = ("COMPLETED", "FAILED", "CANCELLED")
 HOSTLISTS_KEPT = 4096  # expanded hostlist expressions kept (`SlurmActivities._expand`)
 NOT_FOUND_NODE = re.compile(r"Node \S+ not found")
+INVALID_JOB = "Invalid job id specified"
 # FleetMedic's DRAIN or DOWN over the operator's drain keeps the operator's reason after its own
 # (the operator leaves a reason that is not its own alone): FleetMedic's RESUME puts that drain
 # back, and the operator clears it when its cause (a cordon) is gone.
@@ -237,7 +238,13 @@ def _line_safe(text: str) -> bool:
 
 class SlurmReader(Protocol):
     def nodes(self, names: Collection[str]) -> dict[str, SlurmNode]: ...  # those that exist
-    def jobs(self) -> list[dict[str, Any]]: ...
+    def active_jobs(self) -> list[dict[str, Any]]: ...  # every job that may hold nodes (ACTIVE_JOB_STATES), or more
+    def jobs_by_id(self, ids: Collection[int]) -> dict[int, dict[str, Any]]: ...  # those Slurm still holds
+
+
+def by_id(jobs: list[dict[str, Any]], ids: Collection[int]) -> dict[int, dict[str, Any]]:
+    """Jobs `ids` of a list of jobs read (`squeue --json`'s keys)."""
+    return {job_id: job for job in jobs if (job_id := int(job.get("job_id", -1))) in ids}
 
 
 def scontrol_fields(line: str) -> dict[str, str]:
@@ -273,7 +280,7 @@ class SlurmCli:
     def __init__(self, slurm_conf: str | None, timeout_s: float) -> None:
         self.env = {**os.environ, **({"SLURM_CONF": slurm_conf} if slurm_conf else {})}
         self.timeout = timeout_s
-        self.jobs_read_as_json = 0  # job lists squeue's text could not give (`jobs`, `ended_jobs`)
+        self.jobs_read_as_json = 0  # job reads squeue's text could not give (`_jobs_read`)
         self.controller = slurmctld_address(self.env.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
 
     def run(self, *argv: str, env: Mapping[str, str] | None = None) -> str:
@@ -340,30 +347,44 @@ class SlurmCli:
         text = self.run("sinfo", "--noheader", "--all", "--Node", f"--nodes={name}", f"--Format={NODE_FORMAT}")
         return node_from_format(text, name)
 
-    def jobs(self) -> list[dict[str, Any]]:
-        """Every job slurmctld holds, as squeue's own text (JOB_FORMAT), in the fields of `squeue
-        --json` that FleetMedic reads. The JSON has every field of every job (3 KB each; 22.05's
-        --json ignores -w and every other filter): with 2,000 jobs queued, 6 MB and 260 ms of CPU
-        a read, squeue's and the worker's parsing; the text is 100 KB and 16 ms
-        (bench/slurm_reads.py). A line that does not split into its fields (a name or directory with
-        the separator or a line break) makes the read that one time as JSON, said and counted:
-        never a job misread."""
-        text = self.run("squeue", "--noheader", "--all", "--states=all", f"--Format={JOB_FORMAT}")
-        if (jobs := jobs_from_format(text)) is not None:
-            return jobs
-        return self._jobs_as_json("the jobs")
+    def active_jobs(self) -> list[dict[str, Any]]:
+        """The jobs that hold nodes (ACTIVE_JOB_STATES), as squeue's own text (JOB_FORMAT), in the
+        fields of `squeue --json` that FleetMedic reads: a node's jobs are among them. squeue loads
+        every job from slurmctld, and prints these alone: a long queue of pending jobs is not
+        printed, nor parsed here. The JSON had every field of every job (3 KB each; 22.05's --json
+        ignores every filter): with 2,000 jobs queued, 6 MB and 260 ms of CPU a read, squeue's and
+        the worker's parsing (bench/slurm_reads.py)."""
+        text = self.run("squeue", "--noheader", "--all", f"--states={','.join(ACTIVE_JOB_STATES)}",
+                        f"--Format={JOB_FORMAT}")
+        return self._jobs_read(text, JOB_FIELDS, "the jobs on nodes")
+
+    def jobs_by_id(self, ids: Collection[int]) -> dict[int, dict[str, Any]]:
+        """These jobs in any state (an ended one, within MinJobAge), read as `active_jobs` reads
+        them. squeue asks slurmctld for one job alone (`--jobs=ID`: 3 ms of CPU whatever the
+        queue), and loads every job once for several. None of them known: nothing, not an error."""
+        argv = ("squeue", "--noheader", "--all", "--states=all", f"--jobs={','.join(map(str, sorted(ids)))}",
+                f"--Format={JOB_FORMAT}")
+        done = self._run(argv)
+        if done.returncode != 0:
+            if INVALID_JOB in done.stderr:  # what squeue says when none of the IDs is a job it holds
+                return {}
+            self._raise(argv, done, (done.stderr or done.stdout).strip())
+        return by_id(self._jobs_read(done.stdout, JOB_FIELDS, "jobs by ID"), ids)
 
     def ended_jobs(self) -> list[dict[str, Any]]:
-        """The jobs that ended and that slurmctld still holds (MinJobAge), as `jobs` reads them, in
+        """The jobs that ended and that slurmctld still holds (MinJobAge), as `active_jobs` reads them, in
         END_FIELDS: squeue filters them out of the queue (its filters are lost on --json, which
         prints every job: 25 MB and 1 s of CPU with 8,000; bench/slurm_reads.py)."""
         text = self.run("squeue", "--noheader", "--all", f"--states={','.join(sorted(ENDED_STATES))}",
                         f"--Format={END_FORMAT}", env=EPOCH_SECONDS)
-        if (jobs := jobs_from_format(text, END_FIELDS)) is not None:
-            return jobs
-        return self._jobs_as_json("the ended jobs")
+        return self._jobs_read(text, END_FIELDS, "the ended jobs")
 
-    def _jobs_as_json(self, what: str) -> list[dict[str, Any]]:
+    def _jobs_read(self, text: str, fields: Sequence[tuple[str, str]], what: str) -> list[dict[str, Any]]:
+        """squeue's text in `fields` as jobs; when a line does not split into its fields (a name or
+        directory with the separator or a line break), every job read again as JSON that one time,
+        said and counted: never a job misread. The callers keep the jobs they asked for."""
+        if (jobs := jobs_from_format(text, fields)) is not None:
+            return jobs
         self.jobs_read_as_json += 1
         log.warning("squeue's text had a job it could not split into fields (a name or working directory with "
                     "a line break or \\x1f): %s read as JSON this time (%d so far)", what, self.jobs_read_as_json)
@@ -424,8 +445,11 @@ class SlurmRest:
             found.update((node.name, node) for node in map(node_from_json, nodes) if node.name == name)
         return found
 
-    def jobs(self) -> list[dict[str, Any]]:
-        return list(self._get("/slurm/v0.0.38/jobs").get("jobs", []))
+    def active_jobs(self) -> list[dict[str, Any]]:
+        return list(self._get("/slurm/v0.0.38/jobs").get("jobs", []))  # every job: v0.0.38 has no filter
+
+    def jobs_by_id(self, ids: Collection[int]) -> dict[int, dict[str, Any]]:
+        return by_id(self.active_jobs(), ids)
 
 
 class SlurmActivities:
@@ -439,7 +463,9 @@ class SlurmActivities:
         # Runs asking at once share one read (activities/shared_reads.py): 50 nodes failing
         # together ask slurmctld twice, not 100 times, each answer still read after its question.
         self.shared_nodes: SharedReads[str, SlurmNode] = SharedReads(self.reader.nodes)
-        self.shared_jobs: SharedReads[None, list[dict[str, Any]]] = SharedReads(lambda _: {None: self.reader.jobs()})
+        self.shared_jobs: SharedReads[None, list[dict[str, Any]]] = SharedReads(
+            lambda _: {None: self.reader.active_jobs()})
+        self.shared_job_ids: SharedReads[int, dict[str, Any]] = SharedReads(self.reader.jobs_by_id)
         # Node updates asked at once go through one scontrol (`SlurmCli.update_nodes`); each caller
         # still waits for its own update, done by a process started after it asked.
         self.shared_updates: SharedReads[NodeUpdate, Exception] = SharedReads(cli.update_nodes, max_keys=100)
@@ -522,11 +548,10 @@ class SlurmActivities:
 
     @activity.defn(name="slurm.get_job")
     def get_job(self, job_id: int) -> SlurmJob:
-        for raw in self._jobs():
-            if int(raw.get("job_id", -1)) == job_id:
-                job = self._job(raw)
-                return self._as_kubernetes([job])[0] if self.slinky else job
-        raise fail(ErrorKind.NOT_FOUND, f"Slurm has no job {job_id} (finished longer than MinJobAge ago?)")
+        if (raw := self.shared_job_ids.get(job_id)) is None:
+            raise fail(ErrorKind.NOT_FOUND, f"Slurm has no job {job_id} (finished longer than MinJobAge ago?)")
+        job = self._job(raw)
+        return self._as_kubernetes([job])[0] if self.slinky else job
 
     @activity.defn(name="slurm.set_node_state")
     def set_node_state(self, request: SetSlurmNodeState) -> ActionResult:

@@ -1,19 +1,25 @@
 """Benchmark: what the protective step's Slurm reads cost as the cluster grows.
 
-Every alert's protective step reads its Slurm node and the cluster's jobs (to find the node's), and
-the later steps read them again; in a storm runs asking at once share each read
-(activities/shared_reads.py). Each read is a CLI process of the worker's pod, and a request that
+Every alert's protective step reads its Slurm node and the jobs that hold nodes (to find the node's),
+and the later steps read them again, and each of those jobs by its ID; in a storm runs asking at
+once share each read (activities/shared_reads.py). Each read is a CLI process of the worker's pod, and a request that
 slurmctld — one per cluster, the process a GPU cluster can least spare — answers. Debian's
 slurmctld here, with a fleet of silent nodes (bench/world.py's) and held jobs, each asking for 8
-nodes, as a long training queue has them.
+nodes, as a long training queue has them. Silent nodes run no job: no job here holds a node, so
+the reads of the jobs on nodes print none, where a busy cluster's print one line each.
 
 For each size (`--sizes NODES:JOBS,...`), the CPU a read costs on the worker's side (the
 process's, and the worker's own parsing of its answer), its wall time, and how much it printed:
-- `jobs`: FleetMedic's read of the jobs (`SlurmCli.jobs`, squeue's text in the fields it reads);
-- `jobs_as_json`: the same read as `squeue --json`, as FleetMedic read the jobs before it read the text
+- `jobs`: FleetMedic's read of the jobs that hold nodes (`SlurmCli.active_jobs`, squeue's text of
+  those, in the fields it reads);
+- `jobs_every_state`: the same text of every job, as FleetMedic read the jobs before it read those
+  on nodes alone;
+- `jobs_as_json`: every job as `squeue --json`, as FleetMedic read the jobs before it read the text
   (22.05's --json prints every field of every job and ignores every filter);
-- `jobs_floor`: `squeue --noheader --states=all -o %i`, every job's ID and nothing else: the least
-  a read of the cluster's jobs costs;
+- `jobs_floor`: `squeue --noheader --states=<those on nodes> -o %i`, the IDs of the jobs that hold
+  nodes and nothing else: the least a read of them costs (squeue loads every job either way);
+- `job`: FleetMedic's read of one job by its ID (`SlurmCli.jobs_by_id`, squeue's text of that job,
+  which squeue asks slurmctld for alone); `job_floor`: that job's ID alone (with jobs only);
 - `ended_jobs`: FleetMedic's read of the jobs that ended (`SlurmCli.ended_jobs`, the job-failures
   runbook's reconciliation every 2 minutes: squeue's text of those jobs alone);
 - `ended_jobs_as_json`: the same read as `squeue --json --states=all`, as FleetMedic read it before;
@@ -49,15 +55,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from activities.slurm import SlurmCli
+from activities.slurm import ACTIVE_JOB_STATES, JOB_FIELDS, JOB_FORMAT, SlurmCli
 from devstack.slurm_cluster import LocalSlurmCluster
 from fleetmedic.job_failures import ENDED_STATES
 
 TARGET_RATIO = 1.5
 # Each read beside the floor of what it reads.
-FLOOR_OF = {"jobs": "jobs_floor", "jobs_as_json": "jobs_floor", "ended_jobs": "ended_jobs_floor",
-            "ended_jobs_as_json": "ended_jobs_floor", "node": "node_floor", "node_with_scontrol": "node_floor"}
-TARGETS = ("jobs", "ended_jobs", "node")
+FLOOR_OF = {"jobs": "jobs_floor", "jobs_every_state": "jobs_floor", "jobs_as_json": "jobs_floor",
+            "job": "job_floor", "ended_jobs": "ended_jobs_floor", "ended_jobs_as_json": "ended_jobs_floor",
+            "node": "node_floor", "node_with_scontrol": "node_floor"}
+TARGETS = ("jobs", "job", "ended_jobs", "node")
+ACTIVE = ",".join(ACTIVE_JOB_STATES)
 ENDED = ",".join(sorted(ENDED_STATES))
 
 
@@ -111,10 +119,18 @@ def on(nodes: int, jobs: int, ended: int, reads: int) -> dict[str, Any]:
         cli = SlurmCli(str(slurm.conf), timeout_s=60)
         printed = Printed(cli)
         node = names[len(names) // 2]
+        ids = cli.run("squeue", "--noheader", "--states=all", "-o", "%i").split()
+        job = int(ids[len(ids) // 2]) if ids else None
+        by_id: tuple[tuple[str, Callable[[], Any]], ...] = () if job is None else (
+            ("job", lambda: cli.jobs_by_id({job})),
+            ("job_floor", lambda: cli.run("squeue", "--noheader", "--states=all", f"--jobs={job}", "-o", "%i")))
         found = {name: measure(read, printed, reads) for name, read in (
-            ("jobs", cli.jobs),
+            ("jobs", cli.active_jobs),
+            ("jobs_every_state", lambda: cli._jobs_read(cli.run(
+                "squeue", "--noheader", "--all", "--states=all", f"--Format={JOB_FORMAT}"), JOB_FIELDS, "every job")),
             ("jobs_as_json", lambda: cli._json("squeue", "--json")["jobs"]),
-            ("jobs_floor", lambda: cli.run("squeue", "--noheader", "--states=all", "-o", "%i").split()),
+            ("jobs_floor", lambda: cli.run("squeue", "--noheader", f"--states={ACTIVE}", "-o", "%i").split()),
+            *by_id,
             ("ended_jobs", cli.ended_jobs),
             ("ended_jobs_as_json", lambda: cli._json("squeue", "--json", "--states=all")["jobs"]),
             ("ended_jobs_floor", lambda: cli.run("squeue", "--noheader", f"--states={ENDED}", "-o",
@@ -122,12 +138,14 @@ def on(nodes: int, jobs: int, ended: int, reads: int) -> dict[str, Any]:
             ("node", lambda: cli.nodes({node})),
             ("node_with_scontrol", lambda: cli.run("scontrol", "show", "node", "-o", node)),
             ("node_floor", lambda: cli.run("sinfo", "--noheader", "--Node", "--nodes", node, "--Format", "NodeList")))}
-        assert len(cli.jobs()) == jobs + ended and len(cli.ended_jobs()) == ended
-        assert cli.nodes({node})[node].name == node and cli.jobs_read_as_json == 0
-    ratios = {name: found[name]["cpu_ms"] / found[floor]["cpu_ms"] for name, floor in FLOOR_OF.items()}
+        assert len(ids) == jobs + ended and cli.active_jobs() == [] and len(cli.ended_jobs()) == ended
+        assert (job is None or list(cli.jobs_by_id({job})) == [job]) and cli.nodes({node})[node].name == node
+        assert cli.jobs_read_as_json == 0
+    ratios = {name: found[name]["cpu_ms"] / found[floor]["cpu_ms"] for name, floor in FLOOR_OF.items()
+              if name in found}
     return {"cluster": {"nodes": nodes, "jobs": jobs, "ended": ended}, **found,
             "cpu_over_floor": {name: round(ratio, 2) for name, ratio in ratios.items()},
-            "meets_target": {name: ratios[name] <= TARGET_RATIO for name in TARGETS}}
+            "meets_target": {name: ratios[name] <= TARGET_RATIO for name in TARGETS if name in ratios}}
 
 
 def main(sizes: list[tuple[int, int, int]], reads: int) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.jobs import JobActivities
 from activities.shared_reads import SharedReads
-from activities.slurm import SlurmActivities, SlurmCli, SlurmRest
+from activities.slurm import SlurmActivities, SlurmCli, SlurmRest, by_id
 from devstack.slurm_cluster import LocalSlurmCluster, missing_binaries
 from fleetmedic.models import ActionResult, RequeueJob, SetSlurmNodeState, SlurmNode, SlurmNodeState
 from tests.conftest import require
@@ -259,8 +259,11 @@ class JobList:
     def nodes(self, names: Any) -> dict[str, SlurmNode]:
         return {}
 
-    def jobs(self) -> list[dict[str, Any]]:
+    def active_jobs(self) -> list[dict[str, Any]]:
         return self.listed
+
+    def jobs_by_id(self, ids: Collection[int]) -> dict[int, dict[str, Any]]:
+        return by_id(self.listed, ids)
 
 
 def test_a_hostlist_is_expanded_as_slurm_does(slurm: LocalSlurmCluster) -> None:
@@ -292,6 +295,24 @@ def test_jobs_are_read_once_for_the_runs_asking_together(slurm: LocalSlurmCluste
     assert len(spy.runs_of("squeue")) == 2  # the held read, and one for the 12 that asked meanwhile
     for name, jobs in zip(asked, answers, strict=True):
         assert [j.job_id for j in jobs] == ([job] if name == "gpu-node-2" else [])
+
+
+def test_jobs_asked_by_id_at_once_are_read_together(slurm: LocalSlurmCluster) -> None:
+    """A runbook's grace reads each of its node's jobs by ID, again and again: one job alone is
+    squeue's read of that job (slurmctld sends it alone), the jobs asked meanwhile one read for them
+    all; a job Slurm no longer has is NotFound, beside the others."""
+    cli = SlurmCli(str(slurm.conf), timeout_s=10)
+    acts = SlurmActivities(cli)
+    jobs = [slurm.submit(SLEEPER, "--hold") for _ in range(3)]
+    spy = HeldReads(cli, ("squeue",))
+    asked = [*jobs, 424242] * 4
+    first, answers = behind_held_read(spy, acts.shared_job_ids, [lambda j=j: acts.get_job(j) for j in asked],
+                                      lambda: acts.get_job(jobs[0]))
+    assert first.job_id == jobs[0]
+    for job, answer in zip(asked, answers, strict=True):
+        assert answer.type == "NotFound" if job == 424242 else answer.job_id == job
+    assert [argv[4] for argv in spy.runs_of("squeue")] == [
+        f"--jobs={jobs[0]}", "--jobs=" + ",".join(map(str, sorted([*jobs, 424242])))]
 
 
 def as_decided(node: SlurmNode) -> tuple[object, ...]:
@@ -331,7 +352,8 @@ def test_a_node_alone_is_read_through_sinfo_as_scontrol_reads_it(slurm: LocalSlu
 
 
 class JsonJobs:
-    """The job list as `squeue --json` gives it, the read squeue's text stands in for (nodes as the CLI)."""
+    """The jobs as `squeue --json` gives them, every job, the read squeue's text stands in for (nodes
+    as the CLI reads them)."""
 
     def __init__(self, cli: SlurmCli) -> None:
         self.cli = cli
@@ -339,8 +361,11 @@ class JsonJobs:
     def nodes(self, names: Any) -> dict[str, SlurmNode]:
         return self.cli.nodes(names)
 
-    def jobs(self) -> list[dict[str, Any]]:
+    def active_jobs(self) -> list[dict[str, Any]]:
         return list(self.cli._json("squeue", "--json").get("jobs", []))
+
+    def jobs_by_id(self, ids: Collection[int]) -> dict[int, dict[str, Any]]:
+        return by_id(self.active_jobs(), ids)
 
 
 def until_state(slurm: LocalSlurmCluster, job: int, state: str) -> None:
@@ -352,10 +377,11 @@ def until_state(slurm: LocalSlurmCluster, job: int, state: str) -> None:
 
 def test_jobs_read_from_squeues_text_are_the_jobs_of_its_json(slurm: LocalSlurmCluster, tmp_path: Path) -> None:
     """The jobs are read from squeue's text, not its --json (every field of every job: 6 MB and 260 ms
-    of CPU a read with 2,000 jobs, against 100 KB and 16 ms). Each job FleetMedic reads is the same
-    from both: one that ended, one requeued, one held, one on two nodes (each by name), and one whose
-    name and directory hold spaces, `|` and non-ASCII. A name the text cannot be split around (a
-    line break) sends that read to JSON, counted, and the jobs are the same still."""
+    of CPU a read with 2,000 jobs, against 100 KB and 16 ms): a node's jobs from the jobs that hold
+    nodes, printed alone; a job by its ID alone. Each job FleetMedic reads is the same from both:
+    one that ended, one requeued, one held, one on two nodes (each by name), and one whose name and
+    directory hold spaces, `|` and non-ASCII. A name the text cannot be split around (a line break)
+    sends the reads that print it to JSON, counted, and the jobs are the same still."""
     cli = SlurmCli(str(slurm.conf), timeout_s=10)
     from_text, from_json = SlurmActivities(cli), SlurmActivities(cli, JsonJobs(cli))
     ended = slurm.submit("#!/bin/bash\nexit 3\n")
@@ -377,16 +403,19 @@ def test_jobs_read_from_squeues_text_are_the_jobs_of_its_json(slurm: LocalSlurmC
 
     as_text = read(from_text)
     assert as_text == read(from_json)
-    by_id = {job.job_id: job for job in as_text[:len(ids)]}  # type: ignore[attr-defined]
-    assert (by_id[ended].state, by_id[held].state, by_id[one].restart_count) == ("FAILED", "PENDING", 1)
-    assert (by_id[one].name, by_id[one].work_dir) == ("train | llama 70B ✓", str(odd))
-    assert by_id[two].nodes == ["gpu-node-1", "gpu-node-2"] and by_id[two].state == "RUNNING"
+    jobs = {job.job_id: job for job in as_text[:len(ids)]}  # type: ignore[attr-defined]
+    assert (jobs[ended].state, jobs[held].state, jobs[one].restart_count) == ("FAILED", "PENDING", 1)
+    assert (jobs[one].name, jobs[one].work_dir) == ("train | llama 70B ✓", str(odd))
+    assert jobs[two].nodes == ["gpu-node-1", "gpu-node-2"] and jobs[two].state == "RUNNING"
     texts = [argv for argv in spy.runs_of("squeue") if "--json" not in argv]
-    assert len(texts) == len(ids) + 3 and cli.jobs_read_as_json == 0
-    broken = slurm.submit(SLEEPER, "--hold", "-J", "line\nbreak")
+    assert [argv[3:-1] for argv in texts] == [("--states=all", f"--jobs={job}") for job in ids] + [
+        ("--states=RUNNING,COMPLETING,CONFIGURING,SUSPENDED",)] * 3
+    assert cli.jobs_read_as_json == 0
+    broken = slurm.submit(SLEEPER, "-J", "line\nbreak", "-w", "gpu-node-0")
+    assert job_on(slurm, broken) == "gpu-node-0"
     assert read(from_text) == read(from_json)
-    assert cli.jobs_read_as_json == len(ids) + 3  # each read of the text, then as JSON
-    assert any(job.name == "line\nbreak" for job in [run(from_text.get_job, broken)])
+    assert cli.jobs_read_as_json == 3  # each node's read printed it, then read JSON; the jobs by ID did not
+    assert run(from_text.get_job, broken).name == "line\nbreak" and cli.jobs_read_as_json == 4
 
 
 class JsonEnds(SlurmCli):
