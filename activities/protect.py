@@ -6,7 +6,7 @@ before the disruption lease, right after one read of the node: the Kubernetes no
 (its label, or a label of a pod on it), the Slurm node and its jobs, read at the same time. The
 steps that kill work (Slurm DOWN, requeue, drain, replace, reset) still wait for the lease.
 
-In a storm the reads that are the same for every node (the opted-out pods, Slurm's job list) and
+In a storm the reads that are the same for every node (the opted-out pods, Slurm's jobs on nodes) and
 the Slurm node reads are shared by the runs asking at once (activities/shared_reads.py): slurmctld
 answers one request at a time, and 50 nodes failing together would otherwise queue 150 of them.
 

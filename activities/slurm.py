@@ -3,8 +3,8 @@
 Writes go through `scontrol` (slurmrestd 22.05's API, v0.0.38, cannot update nodes or requeue;
 node updates arrive with v0.0.39). Reads go through slurmrestd when FLEETMEDIC_SLURMRESTD_URL is
 set (JWT auth), else through the CLI's text: sinfo for a node alone, `scontrol show node` for
-several, squeue for the jobs (`sinfo/squeue --json` print everything of every node or job and
-ignore their filters in 22.05), filtered here.
+several, squeue for the jobs that hold nodes, for jobs by ID and for those that ended
+(`sinfo/squeue --json` print everything of every node or job and ignore their filters in 22.05).
 
 FleetMedic only changes or clears reasons it owns: a node DOWN or DRAINed by a person is left
 alone and the activity says so. Nodes are named as Kubernetes names them; `names`
