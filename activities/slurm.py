@@ -372,8 +372,8 @@ class SlurmCli:
         return by_id(self._jobs_read(done.stdout, JOB_FIELDS, "jobs by ID"), ids)
 
     def ended_jobs(self) -> list[dict[str, Any]]:
-        """The jobs that ended and that slurmctld still holds (MinJobAge), as `active_jobs` reads them, in
-        END_FIELDS: squeue filters them out of the queue (its filters are lost on --json, which
+        """The jobs that ended and that slurmctld still holds (MinJobAge), read as `active_jobs`
+        reads its jobs, in END_FIELDS: squeue prints these alone (--json ignores the filter and
         prints every job: 25 MB and 1 s of CPU with 8,000; bench/slurm_reads.py)."""
         text = self.run("squeue", "--noheader", "--all", f"--states={','.join(sorted(ENDED_STATES))}",
                         f"--Format={END_FORMAT}", env=EPOCH_SECONDS)
@@ -480,7 +480,7 @@ class SlurmActivities:
         slurm = self.slurm_name(name)
         return self.shared_nodes.get(slurm) if slurm is not None else None
 
-    def _jobs(self) -> list[dict[str, Any]]:
+    def _active_jobs(self) -> list[dict[str, Any]]:
         return self.shared_jobs.get(None) or []
 
     def _node(self, name: str) -> SlurmNode:
@@ -515,7 +515,7 @@ class SlurmActivities:
             return []
         # Only this node's jobs become models: a fleet's job list has thousands, read by every run
         # asking at once (each read shared, each caller filtering it).
-        jobs = [self._job(raw) for raw in self._jobs()
+        jobs = [self._job(raw) for raw in self._active_jobs()
                 if _state_of(raw) in ACTIVE_JOB_STATES and slurm in self._expand(_nodes_of(raw))]
         return self._as_kubernetes(jobs) if self.slinky else jobs
 
