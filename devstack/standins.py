@@ -25,6 +25,7 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: Any
+    peer: Any = None  # the client's (address, port): one per connection it opened
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Failure:
     times: int = 1
     delay_s: float = 0.0
     body: Any = None
+    headers: dict[str, str] | None = None
 
 
 class ThreadedServer:
@@ -58,7 +60,8 @@ class ThreadedServer:
         except ValueError:
             body = dict(await request.post()) if raw else None
         with self.lock:
-            self.requests.append(Recorded(request.method, request.path, dict(request.headers), body))
+            peer = request.transport.get_extra_info("peername") if request.transport else None
+            self.requests.append(Recorded(request.method, request.path, dict(request.headers), body, peer))
             failure = next((f for f in self.failures if f.times > 0), None)
             if failure is not None:
                 failure.times -= 1
@@ -66,14 +69,21 @@ class ThreadedServer:
             if failure.delay_s:
                 await asyncio.sleep(failure.delay_s)
             if failure.status:
-                return web.json_response(failure.body or {"error": "injected"}, status=failure.status)
+                return web.json_response(failure.body or {"error": "injected"}, status=failure.status,
+                                         headers=failure.headers)
         request[BODY] = body
         response: web.StreamResponse = await handler(request)
         return response
 
-    def fail_next(self, status: int = 500, times: int = 1, delay_s: float = 0.0, body: Any = None) -> None:
+    def fail_next(self, status: int = 500, times: int = 1, delay_s: float = 0.0, body: Any = None,
+                  headers: dict[str, str] | None = None) -> None:
         with self.lock:
-            self.failures.append(Failure(status=status, times=times, delay_s=delay_s, body=body))
+            self.failures.append(Failure(status=status, times=times, delay_s=delay_s, body=body, headers=headers))
+
+    def connections(self) -> int:
+        """Connections the requests came on (each client port seen)."""
+        with self.lock:
+            return len({r.peer for r in self.requests})
 
     async def _start(self) -> None:
         app = web.Application(middlewares=[self._middleware])

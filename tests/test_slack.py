@@ -1,5 +1,5 @@
-"""Slack through slack-sdk against the stand-in: one message per run, a thread reply per step,
-and a failed notification never fails the runbook."""
+"""Slack's Web API against the stand-in: one message per run, a thread reply per step, on one kept
+connection, and a failed notification never fails the runbook: it says why, naming Slack."""
 
 from __future__ import annotations
 
@@ -38,15 +38,37 @@ def test_shadow_runs_post_only_to_the_shadow_channel(slack: SlackStandIn) -> Non
 
 def test_failures_are_reported_not_raised(slack: SlackStandIn) -> None:
     notifier = SlackActivities("xoxb-test", "#gpu-fleet", slack.api_url, timeout_s=1)
+    where = f"Slack at {slack.url.removeprefix('http://')}"
+
+    def error() -> str:
+        result = run(notifier.notify_start, NotifyStart(workflow_id="w", runbook="r", text="t"))
+        assert not result.delivered and result.error
+        return result.error
+
     slack.fail_next(500)
-    assert not run(notifier.notify_start, NotifyStart(workflow_id="w", runbook="r", text="t")).delivered
+    assert error() == f"{where} answered HTTP 500: injected"
     slack.fail_next(200, body={"ok": False, "error": "channel_not_found"})
-    failed = run(notifier.notify_start, NotifyStart(workflow_id="w", runbook="r", text="t"))
-    assert not failed.delivered and failed.error == "channel_not_found"
+    assert error() == "channel_not_found"
+    # Slack's rate limit (https://api.slack.com/apis/rate-limits): 429, and how long to wait.
+    slack.fail_next(429, body={"ok": False, "error": "ratelimited"}, headers={"Retry-After": "3"})
+    assert error() == "ratelimited: Slack asks to wait 3 s"
     slack.fail_next(status=0, delay_s=3)
-    assert not run(notifier.notify_start, NotifyStart(workflow_id="w", runbook="r", text="t")).delivered
+    assert error() == f"{where} did not answer within 1s"
     unreachable = SlackActivities("xoxb-test", "#c", "http://127.0.0.1:9/api/", timeout_s=1)
-    assert not run(unreachable.notify_start, NotifyStart(workflow_id="w", runbook="r", text="t")).delivered
+    result = run(unreachable.notify_start, NotifyStart(workflow_id="w", runbook="r", text="t"))
+    assert not result.delivered and result.error.startswith("Slack at 127.0.0.1:9 unreachable: ")
+    assert run(notifier.notify_start, NotifyStart(workflow_id="w", runbook="r", text="t")).delivered
+
+
+def test_messages_share_one_connection(slack: SlackStandIn) -> None:
+    """A runbook waits for each reply it posts; a new connection to slack.com is a TCP and TLS
+    handshake before it (slack-sdk's WebClient opened one a message). Counted where they arrive."""
+    notifier = SlackActivities("xoxb-test", "#gpu-fleet", slack.api_url, timeout_s=5)
+    start = run(notifier.notify_start, NotifyStart(workflow_id="w", runbook="xid-recovery", node="n1", text="XID 79"))
+    for step in range(9):
+        reply = NotifyStep(channel=start.channel, thread_ts=start.ts, text=f"step {step}")
+        assert run(notifier.notify_step, reply).delivered
+    assert len(slack.threads()[start.ts]) == 10 and slack.connections() == 1
 
 
 def test_unconfigured_slack_only_logs() -> None:

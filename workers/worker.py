@@ -1,6 +1,6 @@
 """`fleetmedic worker`: the Temporal worker that runs every runbook and its activities.
 
-Activities use blocking clients (kubernetes, scontrol, slack-sdk), so they run on a thread pool
+Activities use blocking clients (kubernetes, scontrol, httpx), so they run on a thread pool
 sized by FLEETMEDIC_ACTIVITY_THREADS. The protective step (cordon + Slurm DRAIN of a bad node)
 runs as a local activity inside the run's workflow task, on threads of its own
 (FLEETMEDIC_PROTECTIVE_SLOTS): however many runs wait on drains and watches, a new alert's cordon
