@@ -361,7 +361,9 @@ class SlurmCli:
     def jobs_by_id(self, ids: Collection[int]) -> dict[int, dict[str, Any]]:
         """These jobs in any state (an ended one, within MinJobAge), read as `active_jobs` reads
         them. squeue asks slurmctld for one job alone (`--jobs=ID`: 3 ms of CPU whatever the
-        queue), and loads every job once for several. None of them known: nothing, not an error."""
+        queue), and loads every job once for several. None of them known: nothing, not an error.
+        With slurmctld unreachable, squeue tries the one job, then every job, each for ~9 s: past
+        the call's timeout, a Timeout naming slurmctld, where a read of every job is Unavailable."""
         argv = ("squeue", "--noheader", "--all", "--states=all", f"--jobs={','.join(map(str, sorted(ids)))}",
                 f"--Format={JOB_FORMAT}")
         done = self._run(argv)

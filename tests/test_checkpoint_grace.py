@@ -171,7 +171,10 @@ async def test_slurm_controller_gone_mid_run_escalates_and_never_reads_as_no_job
         await status_when(handle, lambda s: s.step == "grace for checkpoints")
         stack.slurm.stop_controller()
         status = await status_when(handle, lambda s: s.escalation is not None, timeout=120)
-        assert status.escalation is not None and "Unavailable" in status.escalation.error
+        # squeue gives up on an unreachable slurmctld after ~9 s (Unavailable), and reading one job
+        # by its ID after twice that, past the call's timeout: either names slurmctld.
+        assert status.escalation is not None and status.escalation.error.startswith(("Unavailable", "Timeout"))
+        assert "slurmctld at " in status.escalation.error
         assert stack.evicted() == [] and stack.provider.requests == []  # nothing went on as if no job ran
         await handle.signal("answer", EscalationAnswer(action="abort", by="sre", reason="slurmctld down"))
 
