@@ -167,7 +167,7 @@ async def replay_guard_runs(client: Client, cluster: str) -> int:
     restart or a cache eviction: a run that cannot replay would hang on its next workflow task."""
     runs = await guard_runs(client, cluster)
     for run in runs:
-        history = await client.get_workflow_handle(run.id, run_id=run.run_id).fetch_history()
+        history = await worked_history(client, run)
         try:  # bounded: a replay that never returns fails here, naming the run, not the whole suite
             await asyncio.wait_for(replay_apart(history), 60)
         except TimeoutError:
@@ -177,6 +177,20 @@ async def replay_guard_runs(client: Client, cluster: str) -> int:
             raise AssertionError(f"the replay of guard run {run.run_id} ({len(history.events)} events, the last "
                                  f"{', '.join(last)}) did not return in 60 s; its history is in {kept}") from None
     return len(runs)
+
+
+async def worked_history(client: Client, run: WorkflowExecution) -> WorkflowHistory:
+    """The run's history once a workflow task of it has completed. A guard continues-as-new at any
+    moment, so its newest run may hold only its start when it is read (CI once read one so), and the
+    SDK's replayer waits on such a history for a task that never comes."""
+    handle = client.get_workflow_handle(run.id, run_id=run.run_id)
+    deadline = time.monotonic() + 60
+    while True:
+        history = await handle.fetch_history()
+        if any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED for e in history.events):
+            return history
+        assert time.monotonic() < deadline, f"guard run {run.run_id} completed no workflow task in 60 s"
+        await asyncio.sleep(0.2)
 
 
 def replay_apart(history: WorkflowHistory) -> asyncio.Future[None]:
