@@ -1,12 +1,13 @@
-"""Benchmark: what the protective step's Slurm reads cost as the cluster grows.
+"""Benchmark: what the worker's Slurm reads cost as the cluster grows.
 
-Every alert's protective step reads its Slurm node and the jobs that hold nodes (to find the node's),
-and the later steps read them again, and each of those jobs by its ID; in a storm runs asking at
-once share each read (activities/shared_reads.py). Each read is a CLI process of the worker's pod, and a request that
-slurmctld — one per cluster, the process a GPU cluster can least spare — answers. Debian's
-slurmctld here, with a fleet of silent nodes (bench/world.py's) and held jobs, each asking for 8
-nodes, as a long training queue has them. Silent nodes run no job: no job here holds a node, so
-the reads of the jobs on nodes print none, where a busy cluster's print one line each.
+Every alert's protective step reads its Slurm node and the jobs that hold nodes (to find the
+node's), the later steps read them again, and each of those jobs by its ID; in a storm runs asking
+at once share each read (activities/shared_reads.py). Each read is a CLI process of the worker's
+pod, and a request that slurmctld — one per cluster, the process a GPU cluster can least spare —
+answers. Debian's slurmctld here, with a fleet of silent nodes (bench/world.py's) and held jobs,
+each asking for 8 nodes, as a long training queue has them. Silent nodes run no job: no job here
+holds a node, so the reads of the jobs on nodes print none, where a busy cluster's print one line
+each.
 
 For each size (`--sizes NODES:JOBS,...`), the CPU a read costs on the worker's side (the
 process's, and the worker's own parsing of its answer), its wall time, and how much it printed:
