@@ -52,7 +52,6 @@ ACTIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
 ENDED_AFTER_SIGNAL = ("COMPLETED", "FAILED", "CANCELLED")
 HOSTLISTS_KEPT = 4096  # expanded hostlist expressions kept (`SlurmActivities._expand`)
 NOT_FOUND_NODE = re.compile(r"Node \S+ not found")
-INVALID_JOB = "Invalid job id specified"
 # FleetMedic's DRAIN or DOWN over the operator's drain keeps the operator's reason after its own
 # (the operator leaves a reason that is not its own alone): FleetMedic's RESUME puts that drain
 # back, and the operator clears it when its cause (a cordon) is gone.
@@ -364,14 +363,14 @@ class SlurmCli:
         queue), and loads every job once for several. None of them known: nothing, not an error.
         With slurmctld unreachable, squeue tries the one job, then every job, each for ~9 s: past
         the call's timeout, a Timeout naming slurmctld, where a read of every job is Unavailable."""
-        argv = ("squeue", "--noheader", "--all", "--states=all", f"--jobs={','.join(map(str, sorted(ids)))}",
-                f"--Format={JOB_FORMAT}")
-        done = self._run(argv)
-        if done.returncode != 0:
-            if INVALID_JOB in done.stderr:  # what squeue says when none of the IDs is a job it holds
+        try:
+            text = self.run("squeue", "--noheader", "--all", "--states=all",
+                            f"--jobs={','.join(map(str, sorted(ids)))}", f"--Format={JOB_FORMAT}")
+        except ApplicationError as exc:
+            if exc.type == ErrorKind.NOT_FOUND:  # "Invalid job id specified": none of the IDs is a job it holds
                 return {}
-            self._raise(argv, done, (done.stderr or done.stdout).strip())
-        return by_id(self._jobs_read(done.stdout, JOB_FIELDS, "jobs by ID"), ids)
+            raise
+        return by_id(self._jobs_read(text, JOB_FIELDS, "jobs by ID"), ids)
 
     def ended_jobs(self) -> list[dict[str, Any]]:
         """The jobs that ended and that slurmctld still holds (MinJobAge), read as `active_jobs`
