@@ -135,6 +135,44 @@ async def test_lemon_counts_asked_at_once_share_one_visibility_query(
     await open_run.terminate("test over")
 
 
+async def test_which_lease_holders_still_run_is_one_visibility_query_and_a_describe_per_closed_one(
+        production_temporal: ProductionTemporal, task_queue: str) -> None:
+    """The fleet guard asks every minute which of its lease holders still run, to reclaim the
+    leases of runbooks that closed without giving theirs back. Visibility lists the running ones
+    in one query; only the others are asked of the server one by one (describe) — they decide, as
+    visibility is written a moment late. Before, every holder was described: 1,000 holders, 1,000
+    calls a minute. Counted at the frontend, in a namespace of the test's own."""
+    namespace = f"reclaim-{task_queue}"
+    await production_temporal.register_namespace(namespace)
+    production_client = await connect(target_host=production_temporal.address, namespace=namespace)
+    holders = [f"xid-recovery/{task_queue}/gpu-{i}" for i in range(60)]
+    for workflow_id in holders:  # runbooks holding a lease (no worker runs them: they stay open)
+        await production_client.start_workflow("xid-recovery", id=workflow_id, task_queue=task_queue)
+    closed = holders[:3]
+    for workflow_id in closed:  # closed without giving their lease back
+        await production_client.get_workflow_handle(workflow_id).terminate("the worker's host died")
+    # An ID whose earlier run closed and whose new run is open, one never started, one that no
+    # visibility query can quote (it is described, not refused).
+    await production_client.start_workflow("xid-recovery", id=closed[0], task_queue=task_queue)
+    unknown, unquotable = f"xid-recovery/{task_queue}/gone", f'xid-recovery/{task_queue}/"odd'
+    for _ in range(100):  # visibility is written a moment after each start and close
+        if (await production_client.count_workflows('ExecutionStatus = "Running"')).count == 58:
+            break
+        await asyncio.sleep(0.1)
+
+    asked = [*holders, unknown, unquotable]
+    describes, lists = await _frontend_requests(production_temporal, namespace, "DescribeWorkflowExecution",
+                                                "ListWorkflowExecutions")
+    alive = await TemporalActivities(production_client, task_queue).running(asked)
+    describes_after, lists_after = await _frontend_requests(production_temporal, namespace,
+                                                            "DescribeWorkflowExecution", "ListWorkflowExecutions")
+    assert alive == [closed[0], *holders[3:]]
+    assert lists_after - lists == 1
+    assert describes_after - describes == 4, "the two closed runs, the unknown ID and the unquotable one"
+    for workflow_id in alive:
+        await production_client.get_workflow_handle(workflow_id).terminate("test over")
+
+
 async def _closed_run(client: Client, workflow_id: str, task_queue: str, cluster: str, node: str, outcome: str,
                       dry: bool = False) -> None:
     handle = await client.start_workflow("xid-recovery", id=workflow_id, task_queue=task_queue,
