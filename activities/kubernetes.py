@@ -28,7 +28,7 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 
 from activities.errors import fail, from_http_status, reread_on_conflict
-from activities.node_watch import NodeWatch
+from activities.node_watch import NodeWatch, tick_for
 from activities.out_of_service import OutOfService
 from activities.shared_reads import SharedReads
 from activities.waits import BlockingCalls, heartbeat, window_left
@@ -309,7 +309,8 @@ class KubernetesActivities:
             return info if fresh else None
 
         return await self.node_watch.wait(request.node, back, window_left(request.timeout_s),
-                                          lambda: activity.heartbeat("waiting for Ready"))
+                                          lambda: activity.heartbeat("waiting for Ready"),
+                                          tick_for(activity.info().heartbeat_timeout))
 
     # --- node writes ---------------------------------------------------------------------------
 

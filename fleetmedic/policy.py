@@ -424,8 +424,8 @@ class RetryPolicyConfig(_Strict):
     @field_validator("wait_heartbeat")
     @classmethod
     def _heartbeat_in_range(cls, value: timedelta) -> timedelta:
-        # A wait wakes every 5 s to heartbeat (activities/node_watch.py TICK_S): below 10 s a busy
-        # worker's wait could time out while alive; past an hour a dead worker's waits stall for hours.
+        # A wait heartbeats every quarter of this (activities/node_watch.py tick_for): below 10 s a
+        # busy worker's wait could time out while alive; past an hour a dead worker's waits stall for hours.
         if not timedelta(seconds=10) <= value <= timedelta(hours=1):
             raise ValueError("must be between 10s and 1h")
         return value

@@ -280,6 +280,25 @@ def test_wait_node_ready_times_out_and_waits_for_a_missing_node(kube: RealKube,
     assert back is not None and back.name == "replacement"
 
 
+def test_a_wait_heartbeats_every_quarter_of_its_heartbeat_timeout(kube: RealKube, k8s: KubernetesActivities) -> None:
+    """A waiting run heartbeats often enough that the SDK has one to send in every window of its
+    throttle (0.8 of the heartbeat timeout: the server must hear it before the timeout), and not
+    more: the SDK drops the calls in between, and each call is work on the worker's event loop,
+    for every one of an incident's thousands of waits. The calls, as the SDK's API receives them."""
+    never = WaitNodeReady(node="n1", since=datetime.now(UTC).replace(year=2030), timeout_s=5.5)
+
+    def heartbeats(heartbeat_timeout: timedelta) -> int:
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, heartbeat_timeout=heartbeat_timeout)
+        calls: list[tuple[object, ...]] = []
+        env.on_heartbeat = lambda *details: calls.append(details)
+        assert asyncio.run(asyncio.wait_for(env.run(k8s.wait_node_ready, never), 60)) is None
+        return len(calls)
+
+    assert heartbeats(timedelta(seconds=4)) >= 4  # one a second: 5 in 5.5 s, less only on a busy machine
+    assert heartbeats(timedelta(minutes=2)) == 0  # the policy's default: one every 30 s (before: every 5 s, 2 here)
+
+
 def test_many_waits_share_one_watch_and_hold_no_thread(kube: RealKube, k8s: KubernetesActivities) -> None:
     """Forty runs waiting for their nodes cost one list and one watch at the API server, not one
     watch (and one activity thread) each; each wait returns when its own node is back."""
