@@ -225,7 +225,10 @@ async def reclaim(client: Client, holders: int, server_cpu: Callable[[], float])
     query = f'WorkflowId STARTS_WITH "{tag}-" AND ExecutionStatus = "Running"'
     # Until visibility has every close: a run it still lists as running would be kept by FleetMedic's
     # read for a look more, as in a cluster, but here it would read as a wrong answer.
+    settled_by = time.monotonic() + 120
     while await count(client, query) != holders - len(closed):
+        if time.monotonic() > settled_by:
+            raise RuntimeError(f"visibility did not show the {holders} holders' closes within 120 s")
         await asyncio.sleep(0.5)
     running = [i for i in ids if i not in closed]
 
