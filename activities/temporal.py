@@ -23,8 +23,9 @@ from fleetmedic.trust import UntrustedValue, visibility_literal
 
 log = logging.getLogger(__name__)
 
-# A shared lemon count's query: its own deadline (the callers' activities have theirs), and at most
-# this many past runs read (a lemon threshold is a few remediations; a fleet's worth is plenty).
+# A visibility query's own deadline (a shared lemon count, the guard's look at its holders: the
+# callers' activities have theirs), and at most this many past runs read by a lemon count (a lemon
+# threshold is a few remediations; a fleet's worth is plenty).
 COUNT_TIMEOUT_S = 20
 COUNT_LIMIT = 5000
 # The guard's look at which lease holders still run: IDs in one visibility query (a query's text
@@ -64,7 +65,7 @@ class TemporalActivities:
         the server's each time, on the same cores as the runbooks' tasks. 5,000 took 10.5-14.2 s
         (bench/guard_throughput.py --reclaim), so 10,000-15,000 would outlast the reclaim's 30 s
         deadline, and no lease would ever be reclaimed."""
-        listed = await self._listed_running(workflow_ids)
+        listed = await self.listed_running(workflow_ids)
         unlisted = [w for w in dict.fromkeys(workflow_ids) if w not in listed]
         described: set[str] = set()
         for start in range(0, len(unlisted), DESCRIBES_AT_ONCE):
@@ -73,8 +74,9 @@ class TemporalActivities:
             described.update(w for w, alive in zip(batch, runs, strict=True) if alive)
         return [w for w in workflow_ids if w in listed or w in described]
 
-    async def _listed_running(self, workflow_ids: list[str]) -> set[str]:
-        """The IDs that visibility lists with a running run. An ID that cannot be quoted into a query,
+    async def listed_running(self, workflow_ids: list[str]) -> set[str]:
+        """The IDs that visibility lists with a running run (the first step of `running`; alone, the
+        floor of bench/guard_throughput.py --reclaim). An ID that cannot be quoted into a query,
         and those of a query the server did not answer, are left out: they are described instead."""
         quoted = []
         for workflow_id in dict.fromkeys(workflow_ids):

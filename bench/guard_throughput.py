@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from activities import guard as guard_activities
 from activities.guard import GuardActivities
 from activities.start import signal_shared
-from activities.temporal import RUNNING_IDS_PER_QUERY, TemporalActivities
+from activities.temporal import TemporalActivities
 from bench.stats import percentile
 from bench.world import SERVERS, count, cpu_seconds, on_each, tree_cpu_seconds
 from devstack import fleet
@@ -231,22 +231,17 @@ async def reclaim(client: Client, holders: int, server_cpu: Callable[[], float])
             raise RuntimeError(f"visibility did not show the {holders} holders' closes within 120 s")
         await asyncio.sleep(0.5)
     running = [i for i in ids if i not in closed]
+    fleetmedic = TemporalActivities(client, QUEUE)
 
     async def describe_each(asked: list[str]) -> list[str]:
         return [i for i in asked if (await client.get_workflow_handle(i).describe()).status
                 == WorkflowExecutionStatus.RUNNING]
 
-    async def listed_only(asked: list[str]) -> list[str]:
-        found: set[str] = set()
-        for first in range(0, len(asked), RUNNING_IDS_PER_QUERY):
-            names = ", ".join(f'"{i}"' for i in asked[first:first + RUNNING_IDS_PER_QUERY])
-            async for run in client.list_workflows(f'WorkflowId IN ({names}) AND ExecutionStatus = "Running"',
-                                                   page_size=RUNNING_IDS_PER_QUERY):
-                found.add(run.id)
+    async def listed_only(asked: list[str]) -> list[str]:  # FleetMedic's visibility step alone
+        found = await fleetmedic.listed_running(asked)
         return [i for i in asked if i in found]
 
-    reads = {"fleetmedic": TemporalActivities(client, QUEUE).running, "before": describe_each,
-             "floor": listed_only}
+    reads = {"fleetmedic": fleetmedic.running, "before": describe_each, "floor": listed_only}
     result: dict[str, Any] = {"holders": holders, "closed": len(closed)}
     for name, read in reads.items():
         walls, cpus, right = [], [], True
