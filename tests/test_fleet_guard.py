@@ -425,15 +425,30 @@ async def test_a_continued_guard_whose_policy_read_the_worker_cancels_keeps_its_
                 if e.HasField("workflow_task_failed_event_attributes")
                 and e.workflow_task_failed_event_attributes.cause != UNHANDLED_COMMAND]
 
+    async def settled_run() -> str:
+        """The guard's current run once it has completed a workflow task and has none pending: the
+        run after the last continue-as-new that the traffic so far causes. A round's last releases
+        can reach a run continued a moment before and continue it again after the round's holders
+        are done (CI: the phase before ended on a run that continued once more before this phase's
+        first look, and that look found a run that had not yet read its policy)."""
+        for _ in range(300):
+            description = await guard.describe()
+            run_id = description.run_id
+            seen_runs.add(run_id)
+            if (not description.raw_description.HasField("pending_workflow_task")
+                    and await first_task_completed(run_id) and await current_run() == run_id):
+                return run_id
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"the guard's run {run_id} should have settled: a task completed, none pending")
+
     async def continue_the_guard(tag: str, cancelled: int) -> None:
         """Lease traffic until the guard has continued-as-new, its first policy read cancelled
         `cancelled` times. In rounds of 20 holders, at most 5: how many history events a round
         writes depends on how its requests and releases were batched (20 were 50 events in most
-        runs, not in all: 2 runs in 7 of this test alone failed with a single round). Returns once
-        the new run's first task has completed: a run continued as the last round ended reads its
-        policy after the round's holders are done."""
-        before = await current_run()
-        assert await first_task_completed(before), "the phase before ended with a run that had read its policy"
+        runs, not in all: 2 runs in 7 of this test alone failed with a single round). Starts and
+        returns on a settled run, so the cancels meet the first policy read of a run this phase
+        continued, and no run the phase before continued."""
+        before = await settled_run()
         cancels["left"], cancels["seen"] = cancelled, 0
         for round_ in range(5):
             passing = [await client.start_workflow(LeaseHolder.run, args=[cluster, False],
@@ -442,13 +457,7 @@ async def test_a_continued_guard_whose_policy_read_the_worker_cancels_keeps_its_
             await asyncio.wait_for(asyncio.gather(*(p.result() for p in passing)), 120)
             if await current_run() != before:
                 break
-        now = await current_run()
-        assert now != before, "the guard should have continued-as-new"
-        for _ in range(300):
-            if await first_task_completed(now):
-                break
-            await asyncio.sleep(0.2)
-        assert await first_task_completed(now), f"the guard's run {now} should have completed its first task"
+        assert await settled_run() != before, "the guard should have continued-as-new"
         assert cancels == {"left": 0, "seen": cancelled}, cancels
 
     async with open_budget_worker(client, task_queue, kube, provider_http, tmp_path, 40, guard_history_events=50):
