@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -52,15 +52,24 @@ class BlockingCalls:
         server, each drain's first read (the node's pods) waiting its turn without a heartbeat; a
         drain's heartbeat timeout is 10 s, and one run's drain timed out five attempts in a row
         and was escalated to a person, its node with no pod to evict."""
-        call = asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args))
-        if not activity.in_activity():
-            return await call
+        return await alive(asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args)))
+
+
+async def alive(waited: Awaitable[T]) -> T:
+    """`await waited`, the activity awaiting it heartbeating every ALIVE_EVERY_S with its last details
+    meanwhile (a wait's call queued behind others: for a thread, for a list shared with others)."""
+    if not activity.in_activity():
+        return await waited
+    call = asyncio.ensure_future(waited)
+    try:
         while True:
             done, _ = await asyncio.wait({call}, timeout=ALIVE_EVERY_S)
             if done:
                 return call.result()
             details = _last_details.get()
             activity.heartbeat(*(details if details is not None else activity.info().heartbeat_details))
+    finally:
+        call.cancel()  # the activity was cancelled: what it waited for is nobody's now
 
 
 def window_left(timeout_s: float) -> float:

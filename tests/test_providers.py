@@ -3,6 +3,7 @@ and their CRDs), manual."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from datetime import UTC, datetime
@@ -10,7 +11,9 @@ from typing import Any
 
 import pytest
 from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
 
+from activities import providers
 from activities.kube_client import load_api_client
 from activities.providers import ProviderActivities, make_provider
 from activities.providers.cluster_api import ClusterApiProvider
@@ -20,7 +23,7 @@ from activities.providers.manual import ManualProvider
 from devstack import fleet
 from devstack.kube_world import RealKube
 from devstack.standins import ProviderStandIn
-from fleetmedic.models import FindReplacement, ProviderRequest
+from fleetmedic.models import FindReplacement, Follow, ProviderRequest, Replacement
 from fleetmedic.policy import ClusterApiProviderPolicy, KarpenterProviderPolicy, ProviderPolicy
 from tests.harness import run_activity as run
 
@@ -184,6 +187,65 @@ def test_cluster_api_two_replacements_in_one_machine_set_never_take_the_same_mac
     assert claims == {"md-0-new1": "n1", "md-0-new2": "n2", "md-0-old": None}
     kube.put(fleet.machine("md-0-new1", namespace="capi", node="n10", machine_set=machine_set))  # its node joined
     assert provider.find_replacement(follows[0]).node == "n10"
+
+
+def test_searches_in_one_machine_set_share_its_lists_and_claim_apart(kube: RealKube) -> None:
+    """Twelve replacements of one MachineSet under way at once, as a storm's runs wait for theirs:
+    their looks share the set's lists (the apiserver's audit log: a list a wave of looks, where
+    each search listed the set on each of its looks: 36 lists here), each claims a new Machine of
+    its own with no conflicting write, and each finds its node once the node joins."""
+    machine_set = capi_machine(kube, "md-0-abc", "n1")
+    time.sleep(1.1)  # creation times have second precision: the new Machines come a second later
+    since = datetime.now(UTC)
+    count = 12
+    for i in range(count):
+        kube.put(fleet.machine(f"md-0-new{i:02}", namespace="capi", machine_set=machine_set))
+    activities = ProviderActivities(capi(kube))
+    follows = [Follow(provider="cluster-api", old_node=f"old{i:02}", reference=f"capi/md-0-gone{i:02}",
+                      group="capi/md-0", since=since) for i in range(count)]
+
+    async def searches() -> list[Replacement]:
+        waits = [asyncio.ensure_future(ActivityEnvironment().run(activities.find_replacement,
+                                                                 FindReplacement(follow=f, timeout_s=60)))
+                 for f in follows]
+        await asyncio.sleep(4)  # a few looks each: the new Machines have no node yet
+        assert not any(w.done() for w in waits)
+        for machine in kube.list(CAPI, "Machine", "capi"):
+            name = machine["metadata"]["name"]
+            if name.startswith("md-0-new"):
+                machine["status"] = {"nodeRef": {"name": f"n-{name}"}}
+                kube.put(machine)
+        return await asyncio.wait_for(asyncio.gather(*waits), 60)
+
+    found = asyncio.run(searches())
+    claims = {m["metadata"]["name"]: (m["metadata"].get("annotations") or {}).get("fleetmedic.io/replaces")
+              for m in kube.list(CAPI, "Machine", "capi")}
+    assert {f"n-{name}": old for name, old in claims.items() if old} == {
+        r.node: f.old_node for r, f in zip(found, follows, strict=True)}
+    assert len({r.node for r in found}) == count
+    lists = [r for r in kube.requests() if r.verb == "list" and r.url.path.endswith("/machines")]
+    assert 1 <= len(lists) <= 6, len(lists)  # a wave of looks a list: at 0, 2, 5 and 9.5 s
+    conflicts = [r for r in kube.mutations() if r.method.value == "PATCH" and r.code == 409]
+    assert conflicts == [], [r.url.path for r in conflicts]
+
+
+def test_a_search_looks_less_often_the_longer_it_waits(provider_http: ProviderStandIn,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new machine takes minutes: a search looks again 2 s after its first look, then each wait
+    half as long again, up to 15 s (here scaled down tenfold). Every 2 s for minutes, 1,000
+    replacements under way were 500 calls a second to the provider's API."""
+    monkeypatch.setattr(providers, "LOOK_EVERY_S", 0.2)
+    monkeypatch.setattr(providers, "LOOK_AT_MOST_S", 1.5)
+    provider_http.replacement = "new"
+    activities = ProviderActivities(HttpProvider(provider_http.url, "provider-secret", 5))
+    result = run(activities.request, request())
+    assert result.follow is not None
+    began = time.monotonic()
+    found = run(activities.find_replacement, FindReplacement(follow=result.follow, timeout_s=6))
+    assert found.node is None and time.monotonic() - began >= 6
+    looks = [r for r in provider_http.requests if r.method == "GET"]
+    # 0.2, 0.3, 0.45, 0.68, 1.01, 1.5, 1.5, 1.5: 9 looks in 6 s, where every 0.2 s was 31.
+    assert 7 <= len(looks) <= 11, len(looks)
 
 
 def test_cluster_api_refuses_a_node_it_does_not_own(kube: RealKube) -> None:

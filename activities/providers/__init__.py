@@ -11,19 +11,29 @@ from kubernetes.client import ApiClient
 from temporalio import activity
 
 from activities.errors import fail
-from activities.providers.base import NodeProvider
+from activities.node_watch import tick_for
+from activities.providers.base import KubernetesProvider, NodeProvider
 from activities.providers.cluster_api import ClusterApiProvider
 from activities.providers.http import HttpProvider
 from activities.providers.karpenter import KarpenterProvider
 from activities.providers.manual import ManualProvider
-from activities.waits import BlockingCalls, heartbeat, window_left
+from activities.waits import BlockingCalls, alive, heartbeat, window_left
 from fleetmedic.errors import ErrorKind
-from fleetmedic.models import FindReplacement, ProviderRequest, ProviderResult, Replacement
+from fleetmedic.models import FindReplacement, Follow, ProviderRequest, ProviderResult, Replacement
 from fleetmedic.policy import ProviderPolicy
 from fleetmedic.trust import node_name_error
 
-# How often a search for the replacement looks again (and heartbeats).
+# How often a search for the replacement looks again (and heartbeats): every 2 s at first, each wait
+# half as long again as the one before, up to LOOK_AT_MOST_S (and a quarter of its heartbeat timeout).
+# A new machine takes minutes to join; a search that looked every 2 s all that time made, with 1,000
+# replacements under way, 500 calls a second to the provider's API (a cloud's rate limit) or 500
+# lists of a MachineSet to the API server. Growing waits find a quick one quickly and a slow one
+# at most LOOK_AT_MOST_S late.
 LOOK_EVERY_S = 2.0
+LOOK_GROWTH = 1.5
+LOOK_AT_MOST_S = 15.0
+# How old a list of a MachineSet's Machines (a NodePool's NodeClaims) may be to answer a look.
+LIST_SHARED_S = 1.0
 
 
 def make_provider(policy: ProviderPolicy, api_client: Callable[[], ApiClient], *, token: str | None,
@@ -43,6 +53,11 @@ class ProviderActivities:
         self.provider = provider
         self.force_dry_run = force_dry_run
         self.blocking = blocking or BlockingCalls()  # the search's looks
+        # The searches of one MachineSet or NodePool share its lists: a look is answered by the
+        # group's list that started less than LIST_SHARED_S ago, or by a new one. The API server
+        # then serves at most one list of a group a second, however many replacements are under
+        # way in it; each search looks every 2-15 s, so a second-old list is news to it.
+        self.group_lists: dict[str, tuple[float, asyncio.Future[list[dict[str, Any]]]]] = {}
 
     @activity.defn(name="provider.request")
     def request(self, request: ProviderRequest) -> ProviderResult:
@@ -60,14 +75,39 @@ class ProviderActivities:
         search (an abort, an operator naming the node) stops at its next heartbeat.
         Async, on the waits queue (activities/waits.py): a machine that takes minutes holds no thread."""
         deadline = time.monotonic() + window_left(find.timeout_s)
+        look_every, at_most = LOOK_EVERY_S, min(LOOK_AT_MOST_S, tick_for(activity.info().heartbeat_timeout))
         while True:
-            found = await self.blocking(self.provider.find_replacement, find.follow)
+            found = await self.look(find.follow)
             if found.node is not None:
                 _trusted(found.node)
             if found.node is not None or found.failed or time.monotonic() >= deadline:
                 return found
             heartbeat(found.detail)
-            await asyncio.sleep(min(LOOK_EVERY_S, max(deadline - time.monotonic(), 0)))
+            await asyncio.sleep(min(look_every, max(deadline - time.monotonic(), 0)))
+            look_every = min(look_every * LOOK_GROWTH, max(at_most, LOOK_EVERY_S))
+
+    async def look(self, follow: Follow) -> Replacement:
+        """One look: a Kubernetes provider's in its group's shared list, any other's its own call."""
+        if isinstance(self.provider, KubernetesProvider) and follow.group:
+            members = await alive(asyncio.shield(self.group_list(self.provider, follow.group)))
+            return await self.blocking(self.provider.found_in, members, follow)
+        return await self.blocking(self.provider.find_replacement, follow)
+
+    def group_list(self, provider: KubernetesProvider, group: str) -> asyncio.Future[list[dict[str, Any]]]:
+        """The group's shared list: the one started less than LIST_SHARED_S ago, unless it failed,
+        or a new one (on the waits' threads)."""
+        now = time.monotonic()
+        shared = self.group_lists.get(group)
+        if shared is not None and now - shared[0] < LIST_SHARED_S and not (
+                shared[1].done() and shared[1].exception() is not None):
+            return shared[1]
+        for old in [g for g, (began, _) in self.group_lists.items() if now - began >= LIST_SHARED_S]:
+            del self.group_lists[old]  # bounded by the groups listed in the last second
+        listing = asyncio.get_running_loop().run_in_executor(self.blocking.executor, provider.members_of, group)
+        # A list whose every search was cancelled: its error is nobody's.
+        listing.add_done_callback(lambda done: done.cancelled() or done.exception())
+        self.group_lists[group] = (now, listing)
+        return listing
 
     def activities(self) -> list[Callable[..., Any]]:
         return [self.request, self.find_replacement]

@@ -13,6 +13,7 @@ runbook follows it to the node that will serve (`find_replacement`).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
@@ -28,6 +29,13 @@ from fleetmedic.models import Follow, ProviderRequest, ProviderResult, Replaceme
 # same MachineSet or NodePool at once never take the same new machine (the claim is a write with
 # the object's resourceVersion: the second writer gets a conflict and looks again).
 REPLACES_ANNOTATION = "fleetmedic.io/replaces"
+
+# The claims this worker made lately (object UID → the node it replaces), at most this many: the
+# searches of one group share each list (activities/providers/__init__.py), so each would try the
+# same oldest new object first and all but one get a conflict (a thousand replacements arriving
+# together: half a million conflicting writes); and a list up to a second old does not show the
+# claims made since. A claim remembered here is the claimer's, and skipped by the others.
+CLAIMS_KEPT = 10_000
 
 
 class NodeProvider(Protocol):
@@ -62,6 +70,8 @@ class KubernetesProvider:
     def __init__(self, api_client: Callable[[], ApiClient], timeout_s: float) -> None:
         self._api_client = api_client
         self.timeout = timeout_s
+        self._claims: dict[str, str] = {}
+        self._claims_lock = threading.Lock()
 
     def request(self, request: ProviderRequest) -> ProviderResult:
         if request.action not in self.supports:
@@ -76,22 +86,32 @@ class KubernetesProvider:
 
     # --- following the replacement ---------------------------------------------------------------
 
-    def members(self, api: ApiClient, follow: Follow) -> list[dict[str, Any]]:
-        """The objects of the replacement's group (the MachineSet's Machines, the NodePool's claims)."""
+    def members(self, api: ApiClient, group: str) -> list[dict[str, Any]]:
+        """The objects of a replacement's group (a MachineSet's Machines, a NodePool's claims)."""
         raise NotImplementedError
+
+    def members_of(self, group: str) -> list[dict[str, Any]]:
+        """`members` with the provider's own client: one list that every search of the group shares
+        (activities/providers/__init__.py)."""
+        return self.members(self._api_client(), group)
 
     def node_of(self, obj: dict[str, Any]) -> str | None:
         raise NotImplementedError
 
     def find_replacement(self, follow: Follow) -> Replacement:
-        api = self._api_client()
-        members = self.members(api, follow)
+        return self.found_in(self.members_of(follow.group), follow)
+
+    def found_in(self, members: list[dict[str, Any]], follow: Follow) -> Replacement:
+        """One look for `follow`'s replacement among its group's members, read after it asked: the
+        new object it claimed, or the oldest new one nobody has claimed (claimed now)."""
         kind = self.plural.rstrip("s")
-        mine = [o for o in members if _annotations(o).get(REPLACES_ANNOTATION) == follow.old_node]
+        mine = [o for o in members if follow.old_node in (_annotations(o).get(REPLACES_ANNOTATION),
+                                                          self._claims.get(_key(o)))]
         if not mine:
-            fresh = sorted((o for o in members if _is_new(o, follow)),
+            fresh = sorted((o for o in members if _is_new(o, follow) and self._claims.get(
+                                _key(o), follow.old_node) == follow.old_node),
                            key=lambda o: (o["metadata"]["creationTimestamp"], o["metadata"]["name"]))
-            claimed = next((o for o in fresh if self._claim(api, o, follow)), None)
+            claimed = next((o for o in fresh if self._claim(o, follow)), None)
             if claimed is None:
                 return Replacement(detail=f"no new {kind} in {follow.group} yet")
             mine = [claimed]
@@ -102,11 +122,20 @@ class KubernetesProvider:
             return Replacement(detail=f"{kind} {name} has no node yet")
         return Replacement(node=node, detail=f"{kind} {name} → node {node}")
 
-    def _claim(self, api: ApiClient, obj: dict[str, Any], follow: Follow) -> bool:
-        meta = obj["metadata"]
+    def _claim(self, obj: dict[str, Any], follow: Follow) -> bool:
+        """Annotate `obj` as `follow`'s replacement, unless another search here has it: held for this
+        search while its write is on the way, so the searches sharing a list never race for one
+        object on this worker (another worker's claim is a conflict, as before)."""
+        meta, key = obj["metadata"], _key(obj)
+        with self._claims_lock:
+            if self._claims.get(key, follow.old_node) != follow.old_node:
+                return False
+            self._claims[key] = follow.old_node
+            while len(self._claims) > CLAIMS_KEPT:
+                del self._claims[next(iter(self._claims))]
         patch = {"metadata": {"resourceVersion": meta["resourceVersion"],
                               "annotations": {REPLACES_ANNOTATION: follow.old_node}}}
-        custom = client.CustomObjectsApi(api)
+        custom = client.CustomObjectsApi(self._api_client())
         try:
             if meta.get("namespace"):
                 custom.patch_namespaced_custom_object(self.group, self.version, meta["namespace"], self.plural,
@@ -115,11 +144,25 @@ class KubernetesProvider:
                 custom.patch_cluster_custom_object(self.group, self.version, self.plural, meta["name"], patch,
                                                    _request_timeout=self.timeout)
         except ApiException as exc:
+            self._unclaim(key, follow)
             if exc.status in (404, 409):
                 return False  # gone, or another run claimed it first: look at the next one
             with api_errors(f"claim {meta['name']}"):
                 raise
+        except BaseException:
+            self._unclaim(key, follow)  # a write that may have gone through: the next list says
+            raise
         return True
+
+    def _unclaim(self, key: str, follow: Follow) -> None:
+        with self._claims_lock:
+            if self._claims.get(key) == follow.old_node:
+                del self._claims[key]
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta['name']}")
 
 
 def _annotations(obj: dict[str, Any]) -> dict[str, str]:

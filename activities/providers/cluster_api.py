@@ -143,9 +143,9 @@ class ClusterApiProvider(KubernetesProvider):
                 GROUP, self.served(api), namespace, "machinehealthchecks", _request_timeout=self.timeout)
         return list(found.get("items", []))
 
-    def members(self, api: ApiClient, follow: Follow) -> list[dict[str, Any]]:
-        namespace, _, machine_set = follow.group.partition("/")
-        with api_errors(f"list Machines of MachineSet {follow.group}"):
+    def members(self, api: ApiClient, group: str) -> list[dict[str, Any]]:
+        namespace, _, machine_set = group.partition("/")
+        with api_errors(f"list Machines of MachineSet {group}"):
             found = client.CustomObjectsApi(api).list_namespaced_custom_object(
                 GROUP, self.served(api), namespace, PLURAL, label_selector=f"{SET_LABEL}={machine_set}",
                 _request_timeout=self.timeout)

@@ -62,10 +62,10 @@ class KarpenterProvider(KubernetesProvider):
         return result.model_copy(update={"detail": f"deleted NodeClaim {name}; Karpenter provisions a new node "
                                                    f"in NodePool {pool}"})
 
-    def members(self, api: ApiClient, follow: Follow) -> list[dict[str, Any]]:
-        with api_errors(f"list NodeClaims of NodePool {follow.group}"):
+    def members(self, api: ApiClient, group: str) -> list[dict[str, Any]]:
+        with api_errors(f"list NodeClaims of NodePool {group}"):
             found = client.CustomObjectsApi(api).list_cluster_custom_object(
-                GROUP, VERSION, PLURAL, label_selector=f"{self.policy.nodepool_label}={follow.group}",
+                GROUP, VERSION, PLURAL, label_selector=f"{self.policy.nodepool_label}={group}",
                 _request_timeout=self.timeout)
         return list(found.get("items", []))
 
