@@ -102,8 +102,9 @@ class KubernetesProvider:
         return self.found_in(self.members_of(follow.group), follow)
 
     def found_in(self, members: list[dict[str, Any]], follow: Follow) -> Replacement:
-        """One look for `follow`'s replacement among its group's members, read after it asked: the
-        new object it claimed, or the oldest new one nobody has claimed (claimed now)."""
+        """One look for `follow`'s replacement among its group's members (a list that started at
+        most a second before the look): the new object it claimed, or the oldest new one nobody has
+        claimed (claimed now)."""
         kind = self.plural.rstrip("s")
         mine = [o for o in members if follow.old_node in (_annotations(o).get(REPLACES_ANNOTATION),
                                                           self._claims.get(_key(o)))]
