@@ -53,7 +53,7 @@ from activities.waits import BlockingCalls
 from bench.stats import percentile
 from bench.world import cpu_seconds
 from devstack import fleet
-from devstack.kube_world import RealKube, local_kube
+from devstack.kube_world import AuditedRequest, RealKube, local_kube
 from fleetmedic.models import FindReplacement, Follow
 from fleetmedic.policy import ClusterApiProviderPolicy
 
@@ -96,15 +96,15 @@ def join(kube: RealKube, fresh: list[str]) -> dict[str, float]:
     return written
 
 
-def lists_of(kube: RealKube, machine_set: str) -> list[datetime]:
+def lists_of(requests: list[AuditedRequest], machine_set: str) -> list[datetime]:
     """When the API server received each list of `machine_set`'s Machines (its audit log)."""
-    return [datetime.fromisoformat(r.event["requestReceivedTimestamp"]) for r in kube.requests()
+    return [datetime.fromisoformat(r.event["requestReceivedTimestamp"]) for r in requests
             if r.verb == "list" and r.url.path.endswith("/machines")
             and r.params.get("labelSelector", "").endswith(f"={machine_set}")]
 
 
-def conflicts_in(kube: RealKube, machine_set: str) -> int:
-    return sum(1 for r in kube.requests() if r.verb == "patch" and r.code == 409
+def conflicts_in(requests: list[AuditedRequest], machine_set: str) -> int:
+    return sum(1 for r in requests if r.verb == "patch" and r.code == 409
                and r.url.path.rsplit("/", 1)[-1].startswith(f"{machine_set}-"))
 
 
@@ -174,12 +174,13 @@ async def case(kube: RealKube, name: str, runner: Runner, searches: int, members
     written = await asyncio.to_thread(join, kube, fresh)
     await asyncio.wait_for(running, 180)
     late = [found[node] - at for node, at in written.items() if node in found]
-    lists = [t for t in lists_of(kube, name) if began <= t <= held_until]
+    requests = kube.requests()  # the whole audit log, read once
+    lists = [t for t in lists_of(requests, name) if began <= t <= held_until]
     return {
         "searches": searches, "machines_in_set": members + searches, "hold_s": hold_s,
         "lists_in_hold": len(lists), "lists_per_s": round(len(lists) / hold_s, 2),
         "cpu_share_in_hold": {k: round((c1[k] - c0[k]) / hold_s, 3) for k in c0},
-        "conflicting_claims": conflicts_in(kube, name),
+        "conflicting_claims": conflicts_in(requests, name),
         "found": len(late), "late_s": {"p50": round(percentile(late, 50), 2), "p99": round(percentile(late, 99), 2),
                                        "max": round(max(late), 2)} if late else None,
     }

@@ -75,7 +75,8 @@ class ProviderActivities:
         search (an abort, an operator naming the node) stops at its next heartbeat.
         Async, on the waits queue (activities/waits.py): a machine that takes minutes holds no thread."""
         deadline = time.monotonic() + window_left(find.timeout_s)
-        look_every, at_most = LOOK_EVERY_S, min(LOOK_AT_MOST_S, tick_for(activity.info().heartbeat_timeout))
+        look_every = LOOK_EVERY_S
+        at_most = max(min(LOOK_AT_MOST_S, tick_for(activity.info().heartbeat_timeout)), LOOK_EVERY_S)
         while True:
             found = await self.look(find.follow)
             if found.node is not None:
@@ -84,7 +85,7 @@ class ProviderActivities:
                 return found
             heartbeat(found.detail)
             await asyncio.sleep(min(look_every, max(deadline - time.monotonic(), 0)))
-            look_every = min(look_every * LOOK_GROWTH, max(at_most, LOOK_EVERY_S))
+            look_every = min(look_every * LOOK_GROWTH, at_most)
 
     async def look(self, follow: Follow) -> Replacement:
         """One look: a Kubernetes provider's in its group's shared list, any other's its own call."""
