@@ -77,8 +77,11 @@ class Stack:
     async def run(self, node: str, xid: int | None = None, gpu: int | None = None, *, runbook: str = "xid-recovery",
                   policy: Policy | None = None, controller: bool = True, replace_s: float = 1.0,
                   dry_run: bool = False, timeout: float = 120, during: Any = None, agent: AgentStandIn | None = None,
+                  worker: dict[str, Any] | None = None,
                   **start: Any) -> tuple[RunbookStatus, WorkflowHandle[Any, RunbookStatus]]:
+        """`worker`: the worker's settings beside the stack's (`workflow_cache`, ...)."""
         extra = {"agent_url": agent.url_template, "agent_token": agent.token} if agent else {}
+        extra.update(worker or {})
         settings = settings_for(self.task_queue, self.kube, slurm=self.slurm, slack=self.slack, provider=self.provider,
                                 **extra)
         replacing: AbstractContextManager[Any] = (provider_controller(self.kube, self.provider, replace_s) if controller

@@ -220,6 +220,37 @@ async def test_a_protective_step_the_worker_cancelled_is_tried_again(stack: Stac
                                                            "by the worker") for d in report.decisions), report.decisions
 
 
+async def test_an_abort_while_the_protective_step_outlasts_its_task_replays_and_is_honoured(stack: Stack) -> None:
+    """An API server slow to take the cordon (9 s) holds the protective step past its workflow
+    task's timeout (the SDK's core then ends the task and asks for another, the step still
+    running), and an operator's abort arrives meanwhile: the signal lands between two tasks of a
+    local activity. With no workflow cache, every task replays the whole history, the way a
+    worker that lost the run (restart, eviction) does. The run replays at each task, its
+    protective step is done once, and the abort is honoured before any destructive step: the
+    node is left cordoned, DRAIN and annotated, nothing evicted, nothing asked of the provider."""
+    stack.kube.inject("PATCH", "nodes", name="gpu-node-0", status=0, delay_s=9.0, times=1)
+
+    async def abort_while_protecting(handle: WorkflowHandle[Any, Any]) -> None:
+        await asyncio.sleep(2.0)
+        await handle.signal("abort", {"by": "erin", "reason": "wrong node"})
+
+    report, handle = await stack.run("gpu-node-0", during=abort_while_protecting, worker={"workflow_cache": 0})
+    assert report.outcome == "aborted", report.decisions
+    events = [e async for e in handle.fetch_history_events()]
+    failed = [e.workflow_task_failed_event_attributes.failure.message for e in events
+              if e.HasField("workflow_task_failed_event_attributes")]
+    assert failed == []  # a nondeterminism error fails the task, on every try
+    first_task_done = next(e.event_id for e in events if e.HasField("workflow_task_completed_event_attributes"))
+    protect = [e.event_id for e in events if (la := local_activity(e)) and la["type"] == "protect.node"]
+    aborted = [e.event_id for e in events if e.HasField("workflow_execution_signaled_event_attributes")
+               and e.workflow_execution_signaled_event_attributes.signal_name == "abort"]
+    assert len(protect) == 1 and len(aborted) == 1
+    assert first_task_done < aborted[0] < protect[0], "the abort did not land while the protective step ran"
+    assert stack.node("gpu-node-0")["spec"].get("unschedulable") is True
+    assert stack.slurm_state("gpu-node-0")[0] == "drain"
+    assert stack.evicted() == [] and stack.provider.requests == []
+
+
 async def test_slurm_controller_down_for_a_while(stack: Stack) -> None:
     ctld = stack.slurm.procs["slurmctld"]
     ctld.kill()
