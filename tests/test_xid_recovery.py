@@ -228,10 +228,11 @@ async def test_an_abort_while_the_protective_step_outlasts_its_task_replays_and_
     worker that lost the run (restart, eviction) does. The run replays at each task, its
     protective step is done once, and the abort is honoured before any destructive step: the
     node is left cordoned, DRAIN and annotated, nothing evicted, nothing asked of the provider."""
-    stack.kube.inject("PATCH", "nodes", name="gpu-node-0", status=0, delay_s=9.0, times=1)
+    held = stack.kube.inject("PATCH", "nodes", name="gpu-node-0", status=0, delay_s=9.0, times=1)
 
     async def abort_while_protecting(handle: WorkflowHandle[Any, Any]) -> None:
-        await asyncio.sleep(2.0)
+        while held.times:  # until the cordon's PATCH reaches the proxy, which holds it
+            await asyncio.sleep(0.05)
         await handle.signal("abort", {"by": "erin", "reason": "wrong node"})
 
     report, handle = await stack.run("gpu-node-0", during=abort_while_protecting, worker={"workflow_cache": 0})
