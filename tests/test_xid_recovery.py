@@ -247,7 +247,9 @@ async def test_an_abort_while_the_protective_step_outlasts_its_task_replays_and_
                and e.workflow_execution_signaled_event_attributes.signal_name == "abort"]
     assert len(protect) == 1 and len(aborted) == 1
     assert first_task_done < aborted[0] < protect[0], "the abort did not land while the protective step ran"
-    assert stack.node("gpu-node-0")["spec"].get("unschedulable") is True
+    node = stack.node("gpu-node-0")
+    assert node["spec"].get("unschedulable") is True
+    assert "run aborted by erin: wrong node" in node["metadata"]["annotations"]["fleetmedic.io/quarantine-reason"]
     assert stack.slurm_state("gpu-node-0")[0] == "drain"
     assert stack.evicted() == [] and stack.provider.requests == []
 
