@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -151,3 +152,38 @@ async def test_the_worker_rides_out_a_temporal_outage_and_polls_again(tmp_path: 
         output, _ = worker.communicate(timeout=60)
         stop_temporal(server)
     assert worker.returncode == 0, output
+
+
+def test_the_activities_reach_the_api_once_the_worker_starts_and_stop_with_it(tmp_path: Path) -> None:
+    """Built, the activities contact nothing; the warm-up (and with it the node watch) starts with
+    the worker's pollers and ends with them. It started when they were built: three test modules
+    that build them without serving them each left a node watch listing every second, against a
+    client with no server, until the suite ended (~1,000 urllib3 warnings a CI run)."""
+    import threading
+
+    from kubernetes.client import ApiClient, Configuration
+
+    from fleetmedic.policy import Policy
+    from fleetmedic.settings import Settings
+    from workers.worker import Activities
+
+    asked = threading.Event()
+
+    def api_client() -> ApiClient:
+        asked.set()
+        return ApiClient(Configuration(host=f"http://127.0.0.1:{free_port()}"))  # nobody listens there
+
+    activities = Activities(Settings(kubeconfig=str(tmp_path / "none")), Policy(), client=None,  # type: ignore[arg-type]
+                            api_client=api_client)
+    assert not asked.wait(1.0), "building the activities reached for the Kubernetes API"
+    assert activities.node_watch._thread is None
+
+    activities.start()  # as FleetWorker.__aenter__ does
+    assert asked.wait(10), "the worker's start did not warm the Kubernetes client up"
+    deadline = time.monotonic() + 10
+    while (watch := activities.node_watch._thread) is None:
+        assert time.monotonic() < deadline, "the node watch did not start"
+        time.sleep(0.05)
+    activities.close()  # as FleetWorker.__aexit__ does
+    watch.join(10)
+    assert not watch.is_alive(), f"the node watch outlived its worker: {activities.node_watch.last_error}"

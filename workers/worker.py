@@ -102,7 +102,6 @@ class Activities:
         blocking = BlockingCalls(WAIT_IO_THREADS)  # the waits' short calls, shared by every wait
         kubernetes = KubernetesActivities(kube_client, policy, timeout_s=settings.kube_timeout_s, force_dry_run=dry,
                                           blocking=blocking)
-        threading.Thread(target=kubernetes.warm, name="kubernetes-warm-up", daemon=True).start()
         cli = SlurmCli(settings.slurm_conf, settings.slurm_timeout_s)
         reader = (SlurmRest(settings.slurmrestd_url, settings.slurm_jwt or "", settings.slurm_user,
                             settings.slurm_timeout_s) if settings.slurmrestd_url else None)
@@ -147,10 +146,17 @@ class Activities:
         ]
         self.all = [fn for group in groups for fn in group.activities()] + self.protective
         self.node_watch = kubernetes.node_watch
+        self._warm = kubernetes.warm
         # Kueue's admission starting traffic-flip and migrate-back, while the worker polls.
         self.kueue_admission = (KueueAdmission(client, traffic, cluster=settings.cluster,
                                                task_queue=settings.task_queue)
                                 if policy.traffic.start_from_kueue else None)
+
+    def start(self) -> None:
+        """With the pollers, not when the activities are built: the warm-up starts the node watch,
+        which lists and watches until `close`, and activities built and never served (a check, a
+        test) would leave it retrying against an API for the rest of the process."""
+        threading.Thread(target=self._warm, name="kubernetes-warm-up", daemon=True).start()
 
     def close(self) -> None:
         """Once the pollers have stopped: no more node watch, no more reads of the guards."""
@@ -182,13 +188,16 @@ class FleetWorker:
     need) and the fleet guards' queue."""
 
     def __init__(self, main: Worker, *others: Worker, cache: CacheSize,
-                 on_close: Callable[[], None] = lambda: None, kueue_admission: KueueAdmission | None = None) -> None:
+                 on_start: Callable[[], None] = lambda: None, on_close: Callable[[], None] = lambda: None,
+                 kueue_admission: KueueAdmission | None = None) -> None:
         self.workers = (*others, main)
         self.cache = cache  # the runs `main` keeps in memory, and why that many
+        self.on_start = on_start
         self.on_close = on_close
         self.kueue_admission = kueue_admission
 
     async def __aenter__(self) -> FleetWorker:
+        self.on_start()
         started: list[Worker] = []
         try:
             for worker in self.workers:
@@ -196,6 +205,7 @@ class FleetWorker:
                 started.append(worker)
         except BaseException:
             await asyncio.gather(*(w.__aexit__(None, None, None) for w in started))
+            self.on_close()
             raise
         if self.kueue_admission is not None:  # once the runs it starts have a worker
             self.kueue_admission.start()
@@ -277,7 +287,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         others.append(Worker(client, task_queue=guard_queue(settings), workflows=[FleetGuard],
                              activities=activities.all, activity_executor=executor, max_concurrent_activities=4,
                              workflow_runner=WORKFLOW_RUNNER, graceful_shutdown_timeout=SHUTDOWN_GRACE))
-    return FleetWorker(main, *others, cache=cache, on_close=activities.close,
+    return FleetWorker(main, *others, cache=cache, on_start=activities.start, on_close=activities.close,
                        kueue_admission=activities.kueue_admission)
 
 
