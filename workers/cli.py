@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
             policy = load_policy(settings.policy_path)  # a bad policy stops the process here
             _apply_address(args)
-            asyncio.run(run_worker(settings, policy))
+            asyncio.run(run_worker(settings, policy, own_process=True))
             return 0
         if args.command == "webhook":
             from workers.webhook import default_listen_host, serve

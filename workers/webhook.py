@@ -48,6 +48,7 @@ from fleetmedic.models import Alert, AlertAnswer, AlertmanagerPayload, RunbookSt
 from fleetmedic.policy import Policy, RoutingPolicy
 from fleetmedic.routing import Ignored, Refused, Routed, route
 from fleetmedic.settings import Settings, SettingsError
+from workers.heap import freeze_startup_objects
 from workers.job_ends import JobEndReceiver
 from workers.resends import ResendMemo
 from workers.temporal_client import TemporalUnavailable, WebhookBusy, connect, missing_search_attribute
@@ -368,6 +369,7 @@ async def serve(settings: Settings, policy: Policy, *, host: str, port: int, ins
     receiver = AlertReceiver(client, policy.routing, settings.task_queue, settings.webhook_token,
                              available_runbooks(), temporal_timeout=settings.webhook_temporal_timeout_s)
     config = uvicorn.Config(receiver.app(), host=host, port=port, log_level="info", access_log=False)
+    freeze_startup_objects("webhook")  # before it answers: see workers/heap.py
     log.info("webhook listening on %s:%d, runbooks %s, clusters %s", host, port, sorted(receiver.available),
              list(policy.routing.served_clusters))
     await uvicorn.Server(config).serve()

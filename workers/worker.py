@@ -34,7 +34,7 @@ from activities.burn_in import BurnInActivities
 from activities.config import ConfigActivities
 from activities.guard import GuardActivities
 from activities.jobs import JobActivities
-from activities.kube_client import load_api_client
+from activities.kube_client import build_api_classes, load_api_client
 from activities.kubernetes import KubernetesActivities
 from activities.kueue import KueueActivities, KueueTrigger
 from activities.protect import ProtectiveActivities
@@ -51,6 +51,7 @@ from fleetmedic import ids
 from fleetmedic.models import RunContext
 from fleetmedic.policy import Policy, load_policy
 from fleetmedic.settings import Settings
+from workers.heap import freeze_startup_objects
 from workers.kueue_admission import KueueAdmission
 from workers.memory import CacheSize, workflow_cache
 from workers.schedules import ensure_job_failures, ensure_quota_schedule
@@ -310,21 +311,24 @@ def metrics_runtime(port: int, host: str = "0.0.0.0") -> Runtime | None:
                                     "fleetmedic_gpu_hours_lost": GPU_HOURS_BUCKETS})))
 
 
-async def run_worker(settings: Settings, policy: Policy | None = None, stop: asyncio.Event | None = None) -> None:
+async def run_worker(settings: Settings, policy: Policy | None = None, stop: asyncio.Event | None = None, *,
+                     own_process: bool = False) -> None:
+    """`own_process`: the process is the worker's alone (`fleetmedic worker`), so its start-up objects
+    may be frozen (workers/heap.py); not in a process that hosts other things, a test session."""
     # Handlers first: a SIGTERM that arrives while we connect still means a clean exit.
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await _serve(settings, policy or load_policy(settings.policy_path), stop)
+        await _serve(settings, policy or load_policy(settings.policy_path), stop, own_process)
     finally:
         # Handed back: a process that goes on after the worker (a test session) stops on SIGINT again.
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
 
-async def _serve(settings: Settings, policy: Policy, stop: asyncio.Event) -> None:
+async def _serve(settings: Settings, policy: Policy, stop: asyncio.Event, own_process: bool) -> None:
     runtime = metrics_runtime(settings.metrics_port, settings.metrics_host)
     client = await connect(runtime=runtime)
     try:
@@ -336,6 +340,9 @@ async def _serve(settings: Settings, policy: Policy, stop: asyncio.Event) -> Non
     await ensure_quota_schedule(client, settings, policy)
     await ensure_job_failures(client, settings, policy)
     worker = build_worker(client, settings, policy)
+    if own_process:  # before the pollers: see workers/heap.py
+        build_api_classes()
+        freeze_startup_objects("worker")
     cache = worker.cache
     # The version in the first line: an upgrade's rollout time is read here (docs/upgrading.md).
     log.info("fleetmedic %s worker polling %s on %s (namespace %s); keeps up to %d runs in memory between their "
