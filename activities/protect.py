@@ -87,8 +87,10 @@ class ProtectiveActivities:
 
     def _protect(self, request: ProtectRequest) -> Protection:
         # The opted-out pods (a list, shared in a storm) and the node are read side by side. Each
-        # waits only on what was submitted before it: the pool is first in, first out.
-        opted_out = self._submit(self.kubernetes.opted_out_pods)
+        # waits only on what was submitted before it: the pool is first in, first out. The pods
+        # come from the API server's watch cache, without waiting for its consistency
+        # (KubernetesActivities.opted_out_pods_cached); every destructive step reads them consistently.
+        opted_out = self._submit(self.kubernetes.opted_out_pods_cached)
         looked = self._submit(self.kubernetes.look, request.node, opted_out.result)
         jobs: Future[list[SlurmJob]] | None = None
         slurm_node: Future[SlurmNode | None] | None = None
