@@ -294,7 +294,7 @@ class KubernetesActivities:
         step. A list without a resourceVersion is a consistent read: the API server first asks etcd
         for its latest revision, then waits until its watch cache of pods has caught up with it
         (KEP-2340, consistent reads from cache), and a cache that sees no pod change catches up only
-        at etcd's next progress notification. Here that wait was 70-95 ms in a third of the alerts
+        at etcd's next progress notification. Here that wait was 70-95 ms in two of three alerts
         that came one at a time (bench/xid_latency's world: kwok's 1,320 nodes write their status,
         the pods do not change), most of the time from an alert to its cordon. The watch cache may
         lag etcd by milliseconds: a label put on a pod in that moment is missed by the protective

@@ -150,7 +150,7 @@ async def test_the_protective_step_reads_the_opt_outs_from_the_api_servers_cache
         stack: Stack) -> None:
     """Counted in the API server's audit log. The protective step lists the opted-out pods with
     `resourceVersion=0`: its watch cache, at once. Without it the list is a consistent read, which
-    waited 70-95 ms for the cache to catch up with etcd in a third of bench/xid_latency's
+    waited 70-95 ms for the cache to catch up with etcd in two of three of bench/xid_latency's
     one-at-a-time alerts, between the node's read and its cordon. Every later list of them, the
     opt-out check before each destructive step, stays a consistent read."""
     report, _ = await stack.run("gpu-node-0")
