@@ -186,7 +186,8 @@ def test_the_activities_reach_the_api_once_the_worker_starts_and_stop_with_it(tm
     activities.start()  # as FleetWorker.__aenter__ does
     assert asked.wait(10), "the worker's start did not warm the Kubernetes client up"
     deadline = time.monotonic() + 10
-    while (watch := activities.node_watch._thread) is None:
+    # Its thread is made, then started: joined only once it runs (a CI run joined it in between).
+    while (watch := activities.node_watch._thread) is None or watch.ident is None:
         assert time.monotonic() < deadline, "the node watch did not start"
         time.sleep(0.05)
     activities.close()  # as FleetWorker.__aexit__ does
