@@ -32,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.world import BenchWorld
-from bench.xid_latency import quietly, summary
+from bench.xid_latency import EVERY_RUN_ADMITTED, quietly, summary
 
 # Loaded by the worker process only (PYTHONPATH): each full pass's end time and length, one line each.
 HOOK = '''
@@ -51,14 +51,6 @@ if "worker" in sys.argv:
             _log.write("%.4f %.6f\\n" % (time.time(), time.perf_counter() - _began[0]))
     gc.callbacks.append(_timed)
 '''
-
-POLICY = {
-    # A budget that admits every run, as xid_latency's: this measures pauses, not the guard's queue.
-    "budget": {"max_concurrent": 10000, "max_unavailable_fraction": 1.0, "max_per_hour": 100000,
-               "topology_label": None, "protective": {"max_out_fraction": 1.0, "max_per_minute": 100000}},
-    "grace": {"node_ready_deadline": "6h"},
-}
-
 
 def passes_in(directory: Path, began: float, ended: float) -> list[tuple[float, float]]:
     """(start, seconds) of each full pass of the worker between `began` and `ended` (wall clock)."""
@@ -82,7 +74,7 @@ async def side(temporal: str, alerts: int, fleet: int, frozen: bool) -> dict[str
         env["FLEETMEDIC_BENCH_UNFROZEN"] = "1"
     names = [f"gpu-a-{i}" for i in range(alerts + 1)]
     names += [f"gpu-z-{i}" for i in range(max(fleet - len(names), 0))]
-    async with BenchWorld(names, workdir, POLICY, worker_env=env, temporal=temporal) as world:
+    async with BenchWorld(names, workdir, EVERY_RUN_ADMITTED, worker_env=env, temporal=temporal) as world:
         await quietly(world, names[alerts])  # warm-up (not counted)
         sent: list[tuple[float, float]] = []
         began = time.time()

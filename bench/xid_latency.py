@@ -245,19 +245,21 @@ EFFECTS_FLOOR_IS = ("the same one-activity workflows, started as this case start
 TARGET_RATIO = 1.5  # DESIGN.md: p99 within 1.5x the same run's floor, like for like
 
 
+# A budget that admits every run: this measures latency, not the queue the fleet guard would
+# (rightly) form, nor the cordon breaker's hold on a storm; the replacement never comes.
+EVERY_RUN_ADMITTED = {
+    "budget": {"max_concurrent": 10000, "max_unavailable_fraction": 1.0, "max_per_hour": 100000,
+               "topology_label": None, "protective": {"max_out_fraction": 1.0, "max_per_minute": 100000}},
+    "grace": {"node_ready_deadline": "6h"},
+}
+
+
 async def on(server: str, sequential: int, concurrent: int, flying: int, node_lease_s: int) -> dict[str, Any]:
     names = {case: [f"gpu-{case}-{i}" for i in range(n)] for case, n in
              (("s", sequential), ("b", sequential), ("c", concurrent), ("f", flying), ("l", concurrent),
               ("e", sequential), ("d", sequential), ("g", concurrent), ("h", concurrent))}
-    policy = {
-        # A budget that admits every run: this measures latency, not the queue the fleet guard would
-        # (rightly) form, nor the cordon breaker's hold on a storm; the replacement never comes.
-        "budget": {"max_concurrent": 10000, "max_unavailable_fraction": 1.0, "max_per_hour": 100000,
-                   "topology_label": None, "protective": {"max_out_fraction": 1.0, "max_per_minute": 100000}},
-        "grace": {"node_ready_deadline": "6h"},
-    }
     workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-bench-"))
-    async with BenchWorld([n for group in names.values() for n in group], workdir, policy,
+    async with BenchWorld([n for group in names.values() for n in group], workdir, EVERY_RUN_ADMITTED,
                           node_lease_s=node_lease_s, temporal=server) as world:
         await quietly(world, "gpu-f-0")  # warm-up: worker, webhook, guard (not counted)
         floor_s = await floor.latencies(world.client, sequential)
