@@ -308,7 +308,7 @@ class KubernetesActivities:
         list per node returns every pod on it. Runs asking at once share it (activities/shared_reads.py)."""
         key, value = self.policy.labels.opt_out_pair
         return self.raw_list("list opted-out pods", self.core.list_pod_for_all_namespaces,
-                             label_selector=f"{key}={value}", **({"resource_version": "0"} if cached else {}))
+                             label_selector=f"{key}={value}", resource_version="0" if cached else None)
 
     @activity.defn(name="k8s.wait_node_ready")
     async def wait_node_ready(self, request: WaitNodeReady) -> NodeInfo | None:
