@@ -54,6 +54,7 @@ from fleetmedic.settings import Settings
 from workers.heap import freeze_startup_objects
 from workers.kueue_admission import KueueAdmission
 from workers.memory import CacheSize, workflow_cache
+from workers.payload_walks import skip_walks_that_change_nothing
 from workers.schedules import ensure_job_failures, ensure_quota_schedule
 from workers.temporal_client import SearchAttributesMissing, connect, ensure_search_attributes
 from workflows.fleet_guard import FleetGuard
@@ -259,6 +260,9 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
                                               thread_name_prefix="fleetmedic-activity")
     activities = Activities(settings, policy, client, api_client)
     cache = workflow_cache(settings)
+    # The SDK walks every workflow task's payloads six times, for a codec and external storage that
+    # FleetMedic's converter does not have: a third of the event loop in a storm (workers/payload_walks.py).
+    skip_walks_that_change_nothing()
     main = Worker(
         client, task_queue=settings.task_queue,
         workflows=list(workflows or WORKFLOWS),
