@@ -82,7 +82,9 @@ class RealKube:
         self.cluster = cluster
         self.proxy = proxy
         self.api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig("admin")))
-        self.dynamic = DynamicClient(self.api)
+        # Its discovery cache beside the cluster's own files: by default the client leaves one in
+        # /tmp for every API server it meets (tmpfile osrcp-<hash of the address>.json, ~55 KB each).
+        self.dynamic = DynamicClient(self.api, cache_file=str(cluster.workdir / "discovery-cache.json"))
         self.audit_offset = cluster.audit_log.stat().st_size if cluster.audit_log.exists() else 0
         self.began = datetime.now(UTC)
         self.identity = identity
