@@ -86,12 +86,21 @@ async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None
     protected = [e for e in history.events if (ran := local_activity(e)) is not None and ran["type"] == "protect.node"]
     assert len(protected) == 1 and "protect.node" not in queues, queues
     assert protected[0].marker_recorded_event_attributes.workflow_task_completed_event_id == first_completed
+    # So did the reads between steps, each inside the task that asked for it (0.2.0): the lemon count
+    # in that first task, the node's Slurm jobs with the take-out, whose Kubernetes node is the
+    # protective step's read. None is an activity task, nor a workflow task for its answer.
+    in_task = {ran["type"]: e.marker_recorded_event_attributes.workflow_task_completed_event_id
+               for e in history.events if (ran := local_activity(e)) is not None}
+    assert in_task["temporal.count_remediations"] == first_completed, in_task
+    assert "slurm.jobs_on_node" in in_task and "k8s.get_node" not in in_task, in_task
+    assert not {"temporal.count_remediations", "slurm.jobs_on_node", "k8s.get_node"} & set(queues), queues
     # Slack after the node is out of service: its call is not in the storm's critical second.
     names = [name for name, _, _ in called(history)]
     assert names.index("slack.notify_start") > names.index("protect.node"), names
     # The step reaches the search attributes when the run waits, not at every step it passes: the
-    # first task writes only the one it waits in, the protective step (not the policy read, classify
-    # and notify before it), and no value is written twice in a row.
+    # first task writes the protective step (shown while it runs, should it outlast the task) and the
+    # one it waits in, the protective kill's answer (not the policy read, classify, notify and the
+    # lemon count), and no value is written twice in a row.
     shown: list[tuple[int, str]] = []  # (workflow task, FleetStep written)
     task = 0
     for event in history.events:
@@ -99,7 +108,7 @@ async def test_xid79_replaces_the_node_and_the_job_resumes(stack: Stack) -> None
         fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
         if "FleetStep" in fields:
             shown.append((task, json.loads(fields["FleetStep"].data)))
-    assert [step for task, step in shown if task == 1] == ["protect"], shown
+    assert [step for task, step in shown if task == 1] == ["protect", "protective kill"], shown
     assert all(a[1] != b[1] for a, b in zip(shown, shown[1:], strict=False)), shown
     # The search attributes carry the outcome; the audit reads the whole story from the history.
     description = await handle.describe()

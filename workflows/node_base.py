@@ -53,9 +53,15 @@ POLL = timedelta(seconds=2)
 #   not exist when the run took the new node in;
 # - the gate's opt-out read inside the workflow task that then schedules the destructive step (a
 #   local activity): one activity task and one workflow task fewer at each gate, the read as close
-#   to the step as it can be.
+#   to the step as it can be;
+# - the reads between two steps inside the workflow task that asks for them (local activities, each
+#   failed try said in the status): the lemon count in the first task, right after the protective
+#   step; the node's Slurm jobs in the task that takes it out of service, whose Kubernetes node is
+#   the protective step's read (a node deleted since is the gate's `missing`). Each was an activity
+#   task and a workflow task for its answer, while a storm's first tasks wait for the same cores.
 # 0.1.0's runs keep their steps: two reads, the local activity's own retries, one DRAIN at take-in,
-# `k8s.check_opt_out` on the task queue.
+# `k8s.check_opt_out`, `temporal.count_remediations`, `slurm.jobs_on_node` and `k8s.get_node` on the
+# task queue.
 NODE_STEPS_0_2 = "node-steps-0.2.0"
 # A fault confirmed before a lease that took longer than this to come is confirmed again.
 RECHECK_AFTER = timedelta(minutes=1)
@@ -95,6 +101,7 @@ class NodeRunbookBase(Runbook):
     protect_retries_said = False
     hold_registered = False
     opt_out_in_task = False
+    reads_in_task = False
     kill_answer: KillAnswer | None = None  # the fleet guard's answer to a protective kill
     killed: tuple[SlurmJob, ...] = ()  # jobs requeued by the protective kill (their XID had killed them)
     out_since: datetime | None = None  # when the node left service (Slurm DOWN/DRAIN and cordon)
@@ -163,7 +170,7 @@ class NodeRunbookBase(Runbook):
     async def load(self, xid: int | None = None) -> Policy:
         self.enter("load policy")
         steps_0_2 = workflow.patched(NODE_STEPS_0_2)
-        self.protect_retries_said = self.hold_registered = self.opt_out_in_task = steps_0_2
+        self.protect_retries_said = self.hold_registered = self.opt_out_in_task = self.reads_in_task = steps_0_2
         # Local activities: the worker's own configuration, no round trip through the task queue.
         if steps_0_2:
             config = await configuration(refs.CONFIG_RUN)

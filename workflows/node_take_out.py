@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         EvictionReport,
         EvictRequest,
         LeaseRequest,
+        NodeInfo,
         Protection,
         ProtectRequest,
         RequeueJob,
@@ -193,11 +194,20 @@ class TakeOutSteps(NodeRunbookBase):
         async def jobs_on_node() -> list[SlurmJob] | None:
             if not slurm:
                 return None
-            jobs: list[SlurmJob] | None = await self.call("take out of service", refs.JOBS_ON_NODE, self.node)
+            jobs: list[SlurmJob] | None = await self.call("take out of service", refs.JOBS_ON_NODE, self.node,
+                                                          in_task=self.reads_in_task, retries_said=True)
             return jobs
 
+        async def node_read() -> NodeInfo | None:
+            # 0.2.0: the protective step's read of the node (its GPUs are what this read was for; a
+            # node deleted since then is the gate's `missing`, which ended the run before this).
+            if self.reads_in_task and self.protection is not None and self.protection.node is not None:
+                return self.protection.node
+            node: NodeInfo | None = await self.call("take out of service", refs.GET_NODE, self.node)
+            return node
+
         def read() -> Any:
-            return asyncio.gather(jobs_on_node(), self.call("take out of service", refs.GET_NODE, self.node))
+            return asyncio.gather(jobs_on_node(), node_read())
 
         # The gate may wait hours (a pause, an approval): read the node's jobs after it, so the
         # jobs we wait for and requeue are the ones SIGTERM actually reaches.
