@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         BreakerTrip,
         KillAnswer,
         LeaseRequest,
+        NodeInfo,
         NodeRunbookInput,
         NodeTarget,
         OptOut,
@@ -100,8 +101,7 @@ class NodeRunbookBase(Runbook):
     # 0.2.0's steps (NODE_STEPS_0_2, decided in `load`), by what each changes.
     protect_retries_said = False
     hold_registered = False
-    opt_out_in_task = False
-    reads_in_task = False
+    reads_in_task = False  # the gate's opt-out, the lemon count and the take-out's jobs: local activities
     kill_answer: KillAnswer | None = None  # the fleet guard's answer to a protective kill
     killed: tuple[SlurmJob, ...] = ()  # jobs requeued by the protective kill (their XID had killed them)
     out_since: datetime | None = None  # when the node left service (Slurm DOWN/DRAIN and cordon)
@@ -170,7 +170,7 @@ class NodeRunbookBase(Runbook):
     async def load(self, xid: int | None = None) -> Policy:
         self.enter("load policy")
         steps_0_2 = workflow.patched(NODE_STEPS_0_2)
-        self.protect_retries_said = self.hold_registered = self.opt_out_in_task = self.reads_in_task = steps_0_2
+        self.protect_retries_said = self.hold_registered = self.reads_in_task = steps_0_2
         # Local activities: the worker's own configuration, no round trip through the task queue.
         if steps_0_2:
             config = await configuration(refs.CONFIG_RUN)
@@ -202,6 +202,14 @@ class NodeRunbookBase(Runbook):
         return self.protection is not None and self.protection.node is not None \
             and not self.protection.opt_out.opted_out and self.protection.held is None
 
+    async def read_node(self, step: str) -> NodeInfo | None:
+        """The node as the protective step read it (its labels, annotations and GPUs do not change with
+        a cordon), or read now when that step did not read it: a storm's runs read each node once."""
+        if self.protection is not None and self.protection.node is not None:
+            return self.protection.node
+        node: NodeInfo | None = await self.call(step, refs.GET_NODE, self.node)
+        return node
+
     def target(self, reason: str = "") -> NodeTarget:
         return NodeTarget(node=self.node, workflow_id=self.workflow_id, reason=reason, dry_run=self.dry_run)
 
@@ -218,7 +226,7 @@ class NodeRunbookBase(Runbook):
         async def node_opt_out() -> OptOut:
             # In the task (0.2.0): each failed try said in the run's status, as the protective step's.
             opt_out = await self.call(f"{step}: opt-out check", refs.CHECK_OPT_OUT, self.node,
-                                      in_task=self.opt_out_in_task, retries_said=True)
+                                      in_task=self.reads_in_task, retries_said=True)
             if opt_out is None:  # the operator skipped the check: treat as opted out, to be safe
                 return OptOut(opted_out=True, reasons=["opt-out check skipped by an operator"])
             return opt_out
@@ -282,9 +290,7 @@ class NodeRunbookBase(Runbook):
             self.decide("take disruption lease", "would take a disruption lease (shadow runs hold none)")
             return
         skipped = self.skipped
-        # The protective step read the node already (its labels do not change with a cordon).
-        node = (self.protection.node if self.protection is not None and self.protection.node is not None
-                else await self.call("take disruption lease", refs.GET_NODE, self.node))
+        node = await self.read_node("take disruption lease")
         if node is None and self.skipped == skipped:
             raise NothingToDo("unknown-node", f"node {self.node} does not exist in Kubernetes: nothing to remediate")
         label = self.policy.budget.topology_label

@@ -91,8 +91,7 @@ class RemediateSteps(NodeRunbookBase):
         # The node's own record outlives Temporal's retention of closed runs. The protective step
         # read it a moment ago (before its cordon added this run, which the count leaves out): a
         # storm's runs take one read of the node each, not two.
-        read = self.protection.node if self.protection is not None else None
-        node = read if read is not None else await self.call("lemon check", refs.GET_NODE, self.node)
+        node = await self.read_node("lemon check")
         on_node = count_since(node.annotations.get(self.policy.labels.remediations_annotation), since,
                               exclude_run=workflow.info().run_id) if node else 0
         before = lemon_count(before, on_node)

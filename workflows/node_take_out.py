@@ -201,8 +201,8 @@ class TakeOutSteps(NodeRunbookBase):
         async def node_read() -> NodeInfo | None:
             # 0.2.0: the protective step's read of the node (its GPUs are what this read was for; a
             # node deleted since then is the gate's `missing`, which ended the run before this).
-            if self.reads_in_task and self.protection is not None and self.protection.node is not None:
-                return self.protection.node
+            if self.reads_in_task:
+                return await self.read_node("take out of service")
             node: NodeInfo | None = await self.call("take out of service", refs.GET_NODE, self.node)
             return node
 
