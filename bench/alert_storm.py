@@ -16,7 +16,9 @@ started at once from one client on the same server, a worker running them as Fle
 are run (bench/floor.py). The floor and then the burst each start from a quiet server (the runs
 before them settled). Target: ≥ 0.8× the floor, and a 503 only where the server itself refuses:
 each 503 is counted under its reason (`temporal_unavailable` is the server's; `temporal_timeout`
-and `webhook_busy` are not).
+and `webhook_busy` are not). Beside it, the same burst for other nodes with the worker paused
+(`with_runs_held`): what the webhook's starts alone get from the server, so the JSON says whether
+the gap to the floor is the alert path or the runs' first steps taken beside it.
 
 Each case's floor is measured in the same run on the same server: for the storm, the same alerts
 (batch by batch, as many senders) sent as raw signal-with-start calls from one client to a trivial
@@ -77,6 +79,7 @@ TARGET_RATIO = 0.8  # DESIGN.md: a storm's and a burst's rates at least 0.8x the
 
 GPUS_ALERTING = 2  # alerts in each node's group (one per GPU)
 HELD = "storm-held"  # the cluster of the storm sent again with the runs held
+BURST_HELD = "burst-held"  # and of the burst
 
 
 def batches(alerts: int, nodes: int, cluster: str = "storm") -> list[list[dict[str, object]]]:
@@ -318,41 +321,55 @@ def webhook_client(world: BenchWorld) -> Poster:
     return Poster(str(world.http.base_url), {"Authorization": f"Bearer {TOKEN}"})
 
 
-async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
-    """`nodes` distinct nodes fire at once, one request each: runbooks started per second, and the
-    CPU seconds each process spent on it."""
-    statuses: dict[str, int] = {}
-    started = 0
-    # A connection per node, as each Alertmanager group notifies on its own (one httpx client with
-    # 500 connections once spent ~10 CPU-s of the 2 cores in its pool's bookkeeping, and the burst
-    # measured that).
+class Burst:
+    """A burst sent: every HTTP status, runbooks started (answered so), the wall time from the first
+    POST to the last 202, and each process's CPU seconds meanwhile."""
+
+    def __init__(self) -> None:
+        self.statuses: dict[str, int] = {}
+        self.started = 0
+        self.wall = 0.0
+        self.cpu: dict[str, float] = {}
+
+
+async def fire_burst(world: BenchWorld, nodes: int, cluster: str) -> Burst:
+    """`nodes` distinct nodes of `cluster` fire at once, one request each, each on a connection of
+    its own, as each Alertmanager group notifies on its own (one httpx client with 500 connections
+    once spent ~10 CPU-s of the 2 cores in its pool's bookkeeping, and the burst measured that)."""
+    sent = Burst()
     senders = [webhook_client(world) for _ in range(nodes)]
     async with contextlib.AsyncExitStack() as open_clients:
         for sender in senders:
             await open_clients.enter_async_context(sender)
 
         async def fire(n: int) -> None:
-            nonlocal started
-            http = senders[n]
             alert = {"status": "firing", "fingerprint": f"b{n}", "startsAt": "2026-11-30T00:00:00Z",
                      "labels": {"alertname": "FleetMedicGpuXid", "node": f"gpu-{n}", "xid": "79", "gpu": "0",
-                                "cluster": "burst"}}
+                                "cluster": cluster}}
             body = {"version": "4", "groupKey": f"b{n}", "status": "firing", "receiver": "fleetmedic",
                     "alerts": [alert]}
-            response = await post(http, body, statuses)
-            started += sum(1 for a in response.json()["alerts"] if a["action"] == "started")
+            response = await post(senders[n], body, sent.statuses)
+            sent.started += sum(1 for a in response.json()["alerts"] if a["action"] == "started")
 
-        # Like for like, each from a quiet server (the storm's runs settled): as many one-activity
-        # workflows started at once from one client, a worker running them (the runbooks below run
-        # on FleetMedic's worker as they start).
-        settled = [await world.until_quiet()]
-        floor_rate, floor_temporal_cpu = await with_server_cpu(world, floor.starts_per_s(world.client, nodes))
-        settled.append(await world.until_quiet())
         cpu = cpu_now(world)
         began = time.monotonic()
         await asyncio.gather(*(fire(n) for n in range(nodes)))
-        wall = time.monotonic() - began
-        cpu = cpu_since(world, cpu)
+        sent.wall = time.monotonic() - began
+        sent.cpu = cpu_since(world, cpu)
+    return sent
+
+
+async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
+    """`nodes` distinct nodes fire at once, one request each: runbooks started per second, and the
+    CPU seconds each process spent on it."""
+    # Like for like, each from a quiet server (the storm's runs settled): as many one-activity
+    # workflows started at once from one client, a worker running them (the runbooks below run
+    # on FleetMedic's worker as they start).
+    settled = [await world.until_quiet()]
+    floor_rate, floor_temporal_cpu = await with_server_cpu(world, floor.starts_per_s(world.client, nodes))
+    settled.append(await world.until_quiet())
+    sent = await fire_burst(world, nodes, "burst")
+    statuses, wall = sent.statuses, sent.wall
     # The visibility store catches up with the starts. Every node's alert was answered 202 at last,
     # so every node has a run: an alert retried after a 503 whose start had gone through is
     # answered `attached`, and `started` counts fewer than the runs there are.
@@ -369,13 +386,18 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
     settled.append(await world.until_quiet())
     like_rate, like_temporal_cpu = await with_server_cpu(world, floor.starts_per_s(world.client, nodes,
                                                                                    steps=max(round(steps), 1)))
+    # Where the difference is: the same burst for other runbooks with the worker paused, so that
+    # the webhook's starts meet the server alone, no run's steps beside them.
+    settled.append(await world.until_quiet())
+    held = await with_runs_held(world, lambda: fire_burst(world, nodes, BURST_HELD))
+    settled.append(await world.until_quiet())  # the held runs, let go, have run
     refused = sum(n for status, n in statuses.items() if status == "503")
     # The target allows a 503 only where the server itself refuses (RESOURCE_EXHAUSTED, unavailable).
     not_the_server = sum(n for status, n in statuses.items()
                          if status.startswith("503 ") and status != "503 temporal_unavailable")
     return {"nodes": nodes, "http_statuses": dict(sorted(statuses.items())),
-            "started": started, "runbooks": len(runbooks), "exactly_one_runbook_per_node": len(runbooks) == nodes,
-            "wall_s": round(wall, 2), "runbooks_started_per_s": round(rate, 1), "cpu_s": cpu,
+            "started": sent.started, "runbooks": len(runbooks), "exactly_one_runbook_per_node": len(runbooks) == nodes,
+            "wall_s": round(wall, 2), "runbooks_started_per_s": round(rate, 1), "cpu_s": sent.cpu,
             "waited_for_a_quiet_server_s": settled,
             "floor_starts_per_s": floor_rate, "floor_temporal_cpu_s": floor_temporal_cpu,
             "floor": "one-activity workflows started at once from one client, a worker running them",
@@ -388,12 +410,19 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
             "over_floor_like_for_like": round(rate / like_rate, 2),
             "meets_target_like_for_like": rate / like_rate >= TARGET_RATIO and len(runbooks) == nodes
             and not not_the_server,
+            "with_runs_held": {
+                "runbooks_started_per_s": round(held.started / held.wall, 1),
+                "over_floor_like_for_like": round(held.started / held.wall / like_rate, 2),
+                "http_statuses": dict(sorted(held.statuses.items())), "cpu_s": held.cpu, "wall_s": round(held.wall, 2),
+                "what": "the same burst for other nodes' runbooks, the worker paused (SIGSTOP) until it had been "
+                        "answered: the webhook's starts and the server alone, no run making its steps (runbooks "
+                        "started per s by the answers: a 503 retried and answered attached is not counted)"},
             "http_503": refused, "http_503_not_the_server": not_the_server}
 
 
 async def on(server: str, alerts: int, nodes: int, senders: int, burst_nodes: int) -> dict[str, object]:
     workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-storm-"))
-    policy = {"shadow": {"global": True}, "routing": {"clusters": ["storm", HELD, "burst"]}}
+    policy = {"shadow": {"global": True}, "routing": {"clusters": ["storm", HELD, "burst", BURST_HELD]}}
     async with BenchWorld([f"gpu-{n}" for n in range(max(nodes, burst_nodes))], workdir, policy,
                           temporal=server) as world:
         storm_result = await storm(world, alerts, nodes, senders)
