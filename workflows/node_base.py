@@ -101,9 +101,7 @@ class NodeRunbookBase(Runbook):
     # 0.2.0's steps (NODE_STEPS_0_2, decided in `load`), by what each changes.
     protect_retries_said = False
     hold_registered = False
-    # The gate's opt-out, the lemon count, and the take-out's jobs read and Slurm state set: local
-    # activities inside the workflow task that asks for them.
-    steps_in_task = False
+    reads_in_task = False  # the gate's opt-out, the lemon count and the take-out's jobs: local activities
     kill_answer: KillAnswer | None = None  # the fleet guard's answer to a protective kill
     killed: tuple[SlurmJob, ...] = ()  # jobs requeued by the protective kill (their XID had killed them)
     out_since: datetime | None = None  # when the node left service (Slurm DOWN/DRAIN and cordon)
@@ -172,7 +170,7 @@ class NodeRunbookBase(Runbook):
     async def load(self, xid: int | None = None) -> Policy:
         self.enter("load policy")
         steps_0_2 = workflow.patched(NODE_STEPS_0_2)
-        self.protect_retries_said = self.hold_registered = self.steps_in_task = steps_0_2
+        self.protect_retries_said = self.hold_registered = self.reads_in_task = steps_0_2
         # Local activities: the worker's own configuration, no round trip through the task queue.
         if steps_0_2:
             config = await configuration(refs.CONFIG_RUN)
@@ -228,7 +226,7 @@ class NodeRunbookBase(Runbook):
         async def node_opt_out() -> OptOut:
             # In the task (0.2.0): each failed try said in the run's status, as the protective step's.
             opt_out = await self.call(f"{step}: opt-out check", refs.CHECK_OPT_OUT, self.node,
-                                      in_task=self.steps_in_task, retries_said=True)
+                                      in_task=self.reads_in_task, retries_said=True)
             if opt_out is None:  # the operator skipped the check: treat as opted out, to be safe
                 return OptOut(opted_out=True, reasons=["opt-out check skipped by an operator"])
             return opt_out

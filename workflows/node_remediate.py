@@ -87,7 +87,7 @@ class RemediateSteps(NodeRunbookBase):
         # In the task (0.2.0): right after the protective step, no activity task nor a workflow task
         # for its answer while a storm's first tasks wait for the same cores.
         before = await self.call("lemon check", refs.COUNT_REMEDIATIONS, (self.cluster, self.node, since),
-                                 in_task=self.steps_in_task, retries_said=True) or 0
+                                 in_task=self.reads_in_task, retries_said=True) or 0
         # The node's own record outlives Temporal's retention of closed runs. The protective step
         # read it a moment ago (before its cordon added this run, which the count leaves out): a
         # storm's runs take one read of the node each, not two.

@@ -195,13 +195,13 @@ class TakeOutSteps(NodeRunbookBase):
             if not slurm:
                 return None
             jobs: list[SlurmJob] | None = await self.call("take out of service", refs.JOBS_ON_NODE, self.node,
-                                                          in_task=self.steps_in_task, retries_said=True)
+                                                          in_task=self.reads_in_task, retries_said=True)
             return jobs
 
         async def node_read() -> NodeInfo | None:
             # 0.2.0: the protective step's read of the node (its GPUs are what this read was for; a
             # node deleted since then is the gate's `missing`, which ended the run before this).
-            if self.steps_in_task:
+            if self.reads_in_task:
                 return await self.read_node("take out of service")
             node: NodeInfo | None = await self.call("take out of service", refs.GET_NODE, self.node)
             return node
@@ -219,13 +219,9 @@ class TakeOutSteps(NodeRunbookBase):
             self.decide("take out of service", "Slurm: skipped, not enabled on this worker")
         if drain_while_jobs and jobs:
             state = SlurmNodeState.DRAIN
-        # 0.2.0: Slurm's state set in the task that got the lease, after the gate and the reads, as
-        # they are (scontrol answers in milliseconds): no activity task, nor a workflow task for its
-        # answer, in every destructive run.
         await asyncio.gather(
             self.act("take out of service", refs.SET_SLURM_STATE,
-                     SetSlurmNodeState(node=self.node, state=state, reason=reason, dry_run=self.dry_run),
-                     in_task=self.steps_in_task)
+                     SetSlurmNodeState(node=self.node, state=state, reason=reason, dry_run=self.dry_run))
             if slurm else _nothing(),
             _nothing() if self.protected and taint == self.protective_taint  # done by the protective step
             else self.act("take out of service", refs.CORDON, self.target(reason)) if taint is None

@@ -467,13 +467,10 @@ class Runbook:
         return await running
 
     async def act(self, step: str, activity: Activity[In, ActionResult], arg: In, *,
-                  timeout: timedelta | None = None, heartbeat: timedelta | None = None,
-                  in_task: bool = False) -> ActionResult | None:
-        """A mutating activity: returns what it did, or would have done in shadow mode. `in_task`: a
-        write that takes a moment (a node's state in Slurm), as a local activity inside the workflow
-        task that asks for it, each failed try said in the run's status (`call`'s `retries_said`)."""
+                  timeout: timedelta | None = None, heartbeat: timedelta | None = None) -> ActionResult | None:
+        """A mutating activity: returns what it did, or would have done in shadow mode."""
         result = await self.call(step, activity, arg, timeout=timeout, retry=self.retry("writes"),
-                                 heartbeat=heartbeat, in_task=in_task, retries_said=in_task)
+                                 heartbeat=heartbeat)
         if result is not None:
             self.decide(step, result.summary)
         return result
