@@ -6,8 +6,9 @@ is notified five times, firing four times (an HA pair of Alertmanagers, each not
 `group_wait` and again at a `group_interval`) and resolved once, so most deliveries are exact copies
 (same fingerprint, `startsAt`, status) — sent by concurrent senders over HTTP to `fleetmedic
 webhook` (uvicorn). It must make exactly 500 runbooks and lose no alert: every alert is answered,
-every alert answered started/attached is a signal in its workflow's history, and every other is a
-copy the webhook answered itself (`resend`: workers/resends.py) or the resolution of a closed run.
+every alert answered started/attached is in its workflow's history (the input of the start it made,
+or a signal), and every other is a copy the webhook answered itself (`resend`: workers/resends.py)
+or the resolution of a closed run.
 
 Case `burst`: 500 distinct nodes fire within one second (one request each, all at once, each
 from a client of its own as each Alertmanager group notifies): the runbooks started per second,
@@ -115,26 +116,28 @@ async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dic
     sent = await send(world, work, senders)
     answers, statuses, latencies, wall = sent.answers, sent.statuses, sent.latencies, sent.wall
     delivered = sum(1 for a in answers if a["action"] in ("started", "attached"))
-    # A signal that arrives while its run's workflow task is in flight is buffered by the server and
+    # An alert that starts a run is in its start's input; every other one delivered is a signal. A
+    # signal that arrives while its run's workflow task is in flight is buffered by the server and
     # written to the history when that task completes: count until the histories hold them all, or
     # a minute has passed (what is still missing then is lost). Every run of each workflow ID counts:
     # a shadow run can close during the storm, and the node's next firing alert starts it again.
     counted_at = time.monotonic()
     while True:
         runs = await runs_of(world, "storm")
-        signalled = sum([event_count(history, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED)
-                         for history in await histories(world, runs)])
-        if signalled >= delivered or time.monotonic() - counted_at > 60:
+        read = await histories(world, runs)
+        signalled = sum([event_count(history, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED) for history in read])
+        in_histories = signalled + sum(started_with_alert(history) for history in read)
+        if in_histories >= delivered or time.monotonic() - counted_at > 60:
             break
         await asyncio.sleep(2)
     runbooks = {workflow_id for workflow_id, _ in runs}
     rate = len(answers) / wall
-    lost = alerts - len(answers) + max(0, delivered - signalled)
+    lost = alerts - len(answers) + max(0, delivered - in_histories)
     # A request answered 5xx (or whose connection broke) may still have reached Temporal (the
     # webhook gave up waiting on the call, the server applied it), and the sender's retry signals
-    # its alerts again: copies, which the run deduplicates (fingerprint and startsAt). Signals beyond
-    # the alerts answered are counted apart from losses, and may be at most those requests' alerts.
-    copies = max(0, signalled - delivered)
+    # its alerts again: copies, which the run deduplicates (fingerprint and startsAt). Alerts beyond
+    # those answered are counted apart from losses, and may be at most those requests' alerts.
+    copies = max(0, in_histories - delivered)
     sent_again = sum(n for code, n in statuses.items()
                      if (code.isdigit() and int(code) >= 500) or not code[:1].isdigit()) * GPUS_ALERTING
     settled.append(await world.until_quiet())
@@ -157,7 +160,8 @@ async def storm(world: BenchWorld, alerts: int, nodes: int, senders: int) -> dic
         "ignored": sum(1 for a in answers if a["action"] == "ignored"),
         "answered_at_the_edge": sum(1 for a in answers if a.get("code") == "resend"),
         "refused": sum(1 for a in answers if a["action"] == "refused"),
-        "signals_in_histories": signalled, "alerts_lost": lost, "signals_beyond_answers": copies,
+        "alerts_in_histories": in_histories, "signals_in_histories": signalled, "alerts_lost": lost,
+        "alerts_beyond_answers": copies,
         "alerts_in_requests_sent_again": sent_again,
         "histories_counted_after_s": round(time.monotonic() - counted_at, 1),
         "waited_for_a_quiet_server_s": settled,
@@ -256,6 +260,12 @@ async def histories(world: BenchWorld, runs: list[tuple[str, str]]) -> list[Work
 
 def event_count(history: WorkflowHistory, kind: EventType.ValueType) -> int:
     return sum(1 for e in history.events if e.event_type == kind)
+
+
+def started_with_alert(history: WorkflowHistory) -> int:
+    """1 when the run's start carried an alert in its input (the webhook's starts do), else 0."""
+    payloads = history.events[0].workflow_execution_started_event_attributes.input.payloads
+    return int(bool(payloads) and json.loads(payloads[0].data).get("alert") is not None)
 
 
 async def steps_per_run(world: BenchWorld, runs: list[tuple[str, str]]) -> float:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from temporalio.client import WorkflowHistory
 
 
 def payload(*alerts: dict[str, Any], status: str = "firing") -> dict[str, Any]:
@@ -17,3 +20,13 @@ def xid_alert(node: str, cluster: str, xid: int = 79, gpu: int = 3, status: str 
                                           "gpu": str(gpu), "cluster": cluster},
             "annotations": {"summary": "XID"}, "startsAt": "2026-11-29T10:00:00Z",
             "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "http://prom", "fingerprint": fingerprint}
+
+
+def alerts_in(history: WorkflowHistory) -> list[dict[str, Any]]:
+    """The alerts a run was given, from its history: the one its start's input carries (the webhook
+    starts a run with the alert in its input), then each `alert` signal."""
+    started = history.events[0].workflow_execution_started_event_attributes
+    alerts = [alert for payload in started.input.payloads[:1] if (alert := json.loads(payload.data).get("alert"))]
+    return alerts + [json.loads(e.workflow_execution_signaled_event_attributes.input.payloads[0].data)
+                     for e in history.events if e.HasField("workflow_execution_signaled_event_attributes")
+                     and e.workflow_execution_signaled_event_attributes.signal_name == "alert"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import signal
 import subprocess
@@ -20,6 +19,7 @@ from devstack.processes import die_with_parent
 from devstack.slurm_cluster import free_port
 from devstack.webhook_thread import WebhookThread
 from fleetmedic.policy import RoutingPolicy
+from tests.alerts import alerts_in
 from tests.conftest import require, temporal_cli_path
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
@@ -88,10 +88,8 @@ def post_alert(am_url: str, node: str, cluster: str, ends: datetime | None = Non
     assert response.status_code == 200, response.text
 
 
-async def signals_of(client: Client, workflow_id: str) -> list[str]:
-    history = await client.get_workflow_handle(workflow_id).fetch_history()
-    return [json.loads(e.workflow_execution_signaled_event_attributes.input.payloads[0].data)["status"]
-            for e in history.events if e.HasField("workflow_execution_signaled_event_attributes")]
+async def alert_statuses(client: Client, workflow_id: str) -> list[str]:
+    return [alert["status"] for alert in alerts_in(await client.get_workflow_handle(workflow_id).fetch_history())]
 
 
 async def eventually(check, timeout: float = 20):  # type: ignore[no-untyped-def]
@@ -116,7 +114,7 @@ async def test_alert_through_alertmanager_starts_the_runbook_and_its_resolution_
             post_alert(am_url, "gpu-node-5", task_queue)
 
             async def started() -> None:
-                assert await signals_of(client, workflow_id) == ["firing"]
+                assert await alert_statuses(client, workflow_id) == ["firing"]
 
             await eventually(started)
             description = await client.get_workflow_handle(workflow_id).describe()
@@ -124,7 +122,7 @@ async def test_alert_through_alertmanager_starts_the_runbook_and_its_resolution_
             post_alert(am_url, "gpu-node-5", task_queue, ends=datetime.now(UTC))
 
             async def resolved() -> None:
-                assert (await signals_of(client, workflow_id))[-1] == "resolved"
+                assert (await alert_statuses(client, workflow_id))[-1] == "resolved"
 
             await eventually(resolved)
         finally:

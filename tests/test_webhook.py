@@ -15,7 +15,7 @@ from temporalio.client import Client
 from activities.start import RUNBOOK_TASK_TIMEOUT
 from fleetmedic.models import RunbookStatus
 from fleetmedic.policy import RoutingPolicy
-from tests.alerts import payload, xid_alert
+from tests.alerts import alerts_in, payload, xid_alert
 from tests.runbook_stack import status_when
 from workers.webhook import AlertReceiver, available_runbooks
 
@@ -72,10 +72,10 @@ async def test_firing_alert_starts_the_runbook_and_a_repeat_attaches(webhook: An
     # A task the server hands out and never hears of again is given out anew within this, not 10 s.
     started = history.events[0].workflow_execution_started_event_attributes
     assert started.workflow_task_timeout.ToTimedelta() == RUNBOOK_TASK_TIMEOUT
-    signals = [e.workflow_execution_signaled_event_attributes for e in history.events
-               if e.HasField("workflow_execution_signaled_event_attributes")]
-    statuses = [json.loads(s.input.payloads[0].data)["status"] for s in signals]
-    assert statuses == ["firing", "firing", "resolved"]
+    # The first alert is in the start's input (no signal beside it); the other replica's copy and
+    # the resolution are one signal each.
+    assert [a["status"] for a in alerts_in(history)] == ["firing", "firing", "resolved"]
+    assert sum(e.HasField("workflow_execution_signaled_event_attributes") for e in history.events) == 2
     assert await running(client, task_queue) == [answer["workflow_id"]]
     await client.get_workflow_handle(answer["workflow_id"]).terminate("test over")
 
@@ -90,6 +90,10 @@ async def test_twenty_concurrent_copies_make_one_workflow(webhook: Any, client: 
     assert actions.count("started") == 1 and actions.count("attached") == 19
     ids = await running(client, task_queue)
     assert ids == [f"xid-recovery/{task_queue}/gpu-9"]
+    # Every copy reached the run (they arrived together, before the resend memory knew the first):
+    # the first in the start's input, each other as one signal.
+    alerts = alerts_in(await client.get_workflow_handle(ids[0]).fetch_history())
+    assert [a["fingerprint"] for a in alerts] == ["fp1"] * 20
     await client.get_workflow_handle(ids[0]).terminate("test over")
 
 
@@ -415,8 +419,9 @@ async def test_a_resent_alert_is_one_occurrence_and_a_closed_incident_is_not_reo
         classified = [d for d in report.decisions if d.step == "classify"]
         assert len(classified) == 1, classified  # the second replica's copy was no new occurrence
         history = await handle.fetch_history()
-        # The start's own signal and the second replica's: the three copies answered at the edge wrote nothing.
-        assert sum(e.HasField("workflow_execution_signaled_event_attributes") for e in history.events) == 2
+        # The start's input and the second replica's signal: the three copies answered at the edge wrote nothing.
+        assert len(alerts_in(history)) == 2
+        assert sum(e.HasField("workflow_execution_signaled_event_attributes") for e in history.events) == 1
         # The rule stays firing (dcgm's XID gauge holds the last XID): the resend starts nothing,
         # answered from the memory of the replica that saw it, or by Temporal on a new replica.
         [again] = await _post(http, alert)
@@ -426,7 +431,40 @@ async def test_a_resent_alert_is_one_occurrence_and_a_closed_incident_is_not_reo
         assert (again["action"], again["code"]) == ("ignored", "already_remediated"), again
         runs = [w async for w in client.list_workflows(f'WorkflowId = "{handle.id}"')]
         assert len(runs) == 1
-        # A new incident (a later startsAt) is a new run.
+        # A new incident (a later startsAt) is a new run, on the replica that remembers the closed
+        # one open (workers/open_runs.py): its signal there finds the run closed, and the start decides.
         [later] = await _post(http, {**alert, "startsAt": "2099-01-01T00:00:00Z", "fingerprint": "fp-13b"})
         assert later["action"] == "started"
         await client.get_workflow_handle(later["workflow_id"]).terminate("test over")
+
+
+async def test_the_runs_a_replica_remembers_are_bounded_and_alerts_for_one_run_take_turns() -> None:
+    from workers.open_runs import OpenRuns
+    from workers.temporal_client import WebhookBusy
+
+    now = [0.0]
+    runs = OpenRuns(max_entries=2, max_age_s=10, clock=lambda: now[0])
+    for workflow_id, run_id in (("a", "r1"), ("b", "r2"), ("c", "r3")):
+        runs.opened(workflow_id, run_id)
+    assert (runs.run_id("a"), runs.run_id("b"), runs.run_id("c")) == (None, "r2", "r3")  # the oldest went
+    now[0] = 11.0
+    assert runs.run_id("b") is None  # too old to trust: the alert takes the start path
+    order: list[str] = []
+
+    async def deliver(name: str, workflow_id: str, hold_s: float) -> None:
+        async with runs.turn(workflow_id, within_s=5):
+            order.append(f"{name} in")
+            await asyncio.sleep(hold_s)
+            order.append(f"{name} out")
+
+    await asyncio.gather(deliver("first", "x", 0.05), deliver("second", "x", 0), deliver("third", "x", 0),
+                         deliver("another run's", "y", 0))
+    # One at a time for one workflow ID, in arrival order; another ID never waits for it.
+    assert order == ["first in", "another run's in", "another run's out", "first out", "second in", "second out",
+                     "third in", "third out"]
+    assert runs.turns == {}
+    # A turn that does not come is the webhook's own queue: busy, not Temporal.
+    async with runs.turn("x", within_s=5):
+        with pytest.raises(WebhookBusy, match="alerts for x waited 0.05 s"):
+            async with runs.turn("x", within_s=0.05):
+                pass

@@ -2,7 +2,8 @@
 
 - `POST /v1/alerts/alertmanager` with `Authorization: Bearer <FLEETMEDIC_WEBHOOK_TOKEN>`;
 - each alert is routed by the policy to a runbook and a workflow ID (`<runbook>/<cluster>/<node>`);
-  a firing alert signal-with-starts that workflow (it starts it, or attaches to the running one);
+  a firing alert starts that workflow with the alert in its input, or is signalled to its running
+  run (workers/open_runs.py);
   a resolved alert is signalled to the running workflow and starts nothing; a firing alert whose
   `startsAt` is not later than the end of the last closed run for its workflow ID is a resend of an
   incident already remediated and starts nothing (unless its route says `reopen`);
@@ -11,7 +12,8 @@
   reason code); 400 with the reason; 401; 413; 503 with its reason code when Temporal cannot be
   reached (`temporal_unavailable`) or does not answer an alert within
   FLEETMEDIC_WEBHOOK_TEMPORAL_TIMEOUT (`temporal_timeout`), or every call slot of the webhook stayed
-  taken that long (`webhook_busy`) — the whole batch: Alertmanager resends it, and what already
+  taken that long, or the alerts before it for the same run kept it waiting that long
+  (`webhook_busy`) — the whole batch: Alertmanager resends it, and what already
   arrived attaches idempotently. Never any other 5xx;
 - `POST /v1/jobs/ended` and `POST /v1/jobs/slurm`: training jobs' ends (workers/job_ends.py);
 - `GET /healthz` (checks Temporal) and `GET /metrics` (every alert not acted on, by reason).
@@ -50,6 +52,7 @@ from fleetmedic.routing import Ignored, Refused, Routed, route
 from fleetmedic.settings import Settings, SettingsError
 from workers.heap import freeze_startup_objects
 from workers.job_ends import JobEndReceiver
+from workers.open_runs import OpenRuns
 from workers.resends import ResendMemo
 from workers.temporal_client import TemporalUnavailable, WebhookBusy, connect, missing_search_attribute
 
@@ -62,6 +65,9 @@ MAX_BODY = 1024 * 1024  # Alertmanager batches are small; a megabyte is a misbeh
 # own calls, 500 at once, production server, FleetMedic's worker running them, 2 cores). The bound
 # keeps a flood of batches from holding unbounded memory.
 MAX_CONCURRENT_CALLS = 1000
+# A firing alert's start and signal when its run keeps closing in between (a shadow run that ends
+# as its alerts arrive): then 503, and Alertmanager sends it again.
+DELIVERY_TRIES = 3
 T = TypeVar("T")
 
 
@@ -107,6 +113,7 @@ class AlertReceiver:
         self.metrics.insecure.set(1 if token is None else 0)
         self.job_ends = JobEndReceiver(self)
         self.resends = ResendMemo()  # exact copies answered here, without a Temporal write (workers/resends.py)
+        self.open_runs = OpenRuns()  # runs seen open here: an alert for one is its signal (workers/open_runs.py)
 
     # --- HTTP -----------------------------------------------------------------------------------
 
@@ -237,10 +244,14 @@ class AlertReceiver:
                                 f"an exact resend (fingerprint, startsAt, status) of an alert this webhook answered "
                                 f"{age:.0f} s ago: its run has it, nothing written", "resend")
         try:
-            async with self.slot():  # an alert's calls one after the other: start, a closed run's look, start
-                if alert.status == "resolved":
+            if alert.status == "resolved":
+                async with self.slot():
                     answer = await self._resolve(alert, decision)
-                else:
+            else:
+                # Firing alerts for one run take turns (workers/open_runs.py), waiting for theirs
+                # before a call slot, bounded apart; then its calls one after the other: a signal,
+                # or a start (a closed run's look, a start), and the signal to a run it found open.
+                async with self.open_runs.turn(decision.workflow_id, self.temporal_timeout), self.slot():
                     answer = await self._fire(alert, decision)
         except RPCError as exc:
             if (missing := missing_search_attribute(exc)) is not None:
@@ -259,11 +270,33 @@ class AlertReceiver:
         return answer
 
     async def _fire(self, alert: Alert, decision: Routed) -> AlertAnswer:
+        # One write for each alert (workers/open_runs.py): the start of a new run, which carries the
+        # alert in its input, or a signal to the run already open. Called in the workflow ID's turn,
+        # so the second GPU's alert of a node signals the run the first one started.
+        for _ in range(DELIVERY_TRIES):
+            if (run_id := self.open_runs.run_id(decision.workflow_id)) is not None:
+                if await self._signal_open_run(alert, decision.workflow_id, run_id):
+                    return self._answer(alert, decision.runbook, decision.workflow_id, "attached",
+                                        f"signalled the running run {run_id}", "running_run")
+                self.open_runs.closed(decision.workflow_id)  # it closed since: a start decides
+            started = await self._start_run(alert, decision)
+            if isinstance(started, AlertAnswer):
+                return started
+            self.open_runs.opened(decision.workflow_id, started.result_run_id or "")
+            if _started(started):
+                return self._answer(alert, decision.runbook, decision.workflow_id, "started",
+                                    f"new run {started.result_run_id}", "new_run")
+            # The start found a run open under the ID: the alert goes to it as a signal.
+        raise TemporalUnavailable(f"the run of {decision.workflow_id} closed {DELIVERY_TRIES} times between its "
+                                  "start and the alert's signal")
+
+    async def _start_run(self, alert: Alert, decision: Routed) -> WorkflowHandle[Any, Any] | AlertAnswer:
+        """Start the run, or find the one open (its handle); an answer when a closed run had this incident."""
         # One round trip for a new incident (no run under this ID, or one running): a closed run is
         # refused by the start, and only then read, to tell a resend of what it handled from a new fault.
         checks_closed = not decision.route.reopen and alert.starts_at is not None
         try:
-            handle = await self._start(alert, decision, after_closed=not checks_closed)
+            return await self._start(alert, decision, after_closed=not checks_closed)
         except WorkflowAlreadyStartedError:
             closed = await self._closed_run(decision.workflow_id)
             close_time, outcome = closed if closed is not None else (None, None)
@@ -272,17 +305,25 @@ class AlertReceiver:
                                     f"already remediated at {close_time.isoformat()}"
                                     + (f" (outcome {outcome})" if outcome else "")
                                     + "; the alert started before that run ended", "already_remediated")
-            handle = await self._start(alert, decision, after_closed=True)
-        if _started(handle):
-            return self._answer(alert, decision.runbook, decision.workflow_id, "started",
-                                f"new run {handle.result_run_id}", "new_run")
-        return self._answer(alert, decision.runbook, decision.workflow_id, "attached",
-                            f"signalled the running run {handle.result_run_id}", "running_run")
+            return await self._start(alert, decision, after_closed=True)
+
+    async def _signal_open_run(self, alert: Alert, workflow_id: str, run_id: str) -> bool:
+        """The alert to that run; False when it has closed (Temporal: NOT_FOUND)."""
+        handle = self.client.get_workflow_handle(workflow_id, run_id=run_id or None)
+        try:
+            await self._temporal(lambda: handle.signal("alert", alert, rpc_timeout=self._rpc_timeout()))
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return True
 
     def _start(self, alert: Alert, decision: Routed, *, after_closed: bool) -> Awaitable[WorkflowHandle[Any, Any]]:
+        # No start signal: the input carries the alert (decision.input.alert), and a run already open
+        # under the ID is only found here (`started` false); _fire signals it.
         return self._temporal(lambda: start_or_attach(
             self.client, decision.runbook, decision.input, workflow_id=decision.workflow_id,
-            task_queue=self.task_queue, signal="alert", signal_args=[alert], result_type=RunbookStatus,
+            task_queue=self.task_queue, result_type=RunbookStatus,
             search_attributes=start_attributes(decision.runbook, decision.cluster, decision.node,
                                                decision.input.xid),
             rpc_timeout=self._rpc_timeout(), after_closed=after_closed, task_timeout=RUNBOOK_TASK_TIMEOUT,
@@ -342,7 +383,7 @@ class AlertReceiver:
 
 
 def _started(handle: WorkflowHandle[Any, Any]) -> bool:
-    # Signal-with-start tells whether it created the run; the SDK keeps the response on the handle.
+    # The start tells whether it created the run or found one open; the SDK keeps its response on the handle.
     response = getattr(handle, "_start_workflow_response", None)
     return bool(getattr(response, "started", False))
 
