@@ -391,3 +391,42 @@ def test_the_previous_release_cannot_run_a_guard_that_takes_batches(release: Rel
     verdict = replayed.stdout.strip().splitlines()[-1]  # (the SDK's core logs to stdout before it)
     assert verdict.startswith("NondeterminismError"), replayed.stdout[-2000:]
     assert "TMPRL1100" in verdict and "patch marker" in verdict, verdict
+
+
+async def test_the_previous_release_runs_a_run_this_webhook_started_with_its_alert(stack: Stack,
+                                                                                   release: Release) -> None:
+    """This checkout's webhook starts a run with the alert in its input and no start signal
+    (workers/open_runs.py), and during a roll the previous release's worker may run it: that worker
+    must take the input's alert as the run's first. Then a copy of it from another webhook replica,
+    a signal while the run watches for repeats, is no new occurrence; were the input's alert not
+    taken, the copy would be classified as a second XID 13."""
+    from fleetmedic.models import Alert
+    from fleetmedic.policy import RoutingPolicy
+    from tests.alerts import xid_alert
+    from workers.webhook import AlertReceiver, available_runbooks
+
+    def replica() -> AlertReceiver:  # each with its own memory of runs and copies
+        return AlertReceiver(stack.client, RoutingPolicy(clusters=[stack.cluster]), stack.task_queue, None,
+                             available_runbooks())
+
+    up = Upgrade(stack, release, quick_policy(stack.tmp_path, xid={"application_burst": {"count": 5, "window": "8s"}}))
+    old = FleetMedicProcess(["worker"], up.env(), stack.tmp_path / "worker.log", python=release.python,
+                            cwd=release.root)
+    old.start()
+    try:
+        alert = Alert.model_validate(xid_alert("gpu-node-0", stack.cluster, xid=13, fingerprint="fp-13"))
+        first = await replica().handle(alert)
+        assert (first.action, first.code) == ("started", "new_run"), first
+        handle = stack.client.get_workflow_handle(str(first.workflow_id), result_type=RunbookStatus)
+        await status_when(handle, lambda s: s.step == "watch for repeats", 30)
+        copy = await replica().handle(alert)  # the other replica finds the run open and signals it
+        assert (copy.action, copy.code) == ("attached", "running_run"), copy
+        report = await asyncio.wait_for(handle.result(), 90)
+        assert report.outcome == "notified", report.decisions
+        assert [d.step for d in report.decisions].count("classify") == 1, report.decisions
+        await no_task_failed(handle)
+    except BaseException:
+        print((stack.tmp_path / "worker.log").read_text()[-4000:])
+        raise
+    finally:
+        old.stop(5)
