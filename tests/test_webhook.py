@@ -16,7 +16,7 @@ from activities.start import RUNBOOK_TASK_TIMEOUT
 from fleetmedic.models import RunbookStatus
 from fleetmedic.policy import RoutingPolicy
 from tests.alerts import alerts_in, payload, xid_alert
-from tests.runbook_stack import status_when
+from tests.runbook_stack import save_history, status_when
 from workers.webhook import AlertReceiver, available_runbooks
 
 TOKEN = "webhook-secret"
@@ -468,3 +468,32 @@ async def test_the_runs_a_replica_remembers_are_bounded_and_alerts_for_one_run_t
         with pytest.raises(WebhookBusy, match="alerts for x waited 0.05 s"):
             async with runs.turn("x", within_s=0.05):
                 pass
+
+
+async def test_a_destructive_xid_that_came_with_the_runs_first_alert_is_acted_on(
+        webhook: Any, client: Client, task_queue: str, kube: Any, tmp_path: Any) -> None:
+    """Alertmanager groups a node's alerts (deploy/alertmanager: one group per node), so two GPUs'
+    XIDs come in one request: an XID 13 (notify, then watch for repeats) starts the run, and an XID
+    79 on another GPU is signalled to it, both before its first workflow task (here: no worker yet).
+    The run must act on the 79 — it was answered `attached`, and Alertmanager sends it again only
+    after the route's repeat_interval — not end `notified` once the watch window passes."""
+    from devstack import fleet
+    from tests.harness import quick_policy, settings_for, worker_for
+
+    _, http = webhook
+    kube.put(fleet.node("gpu-two"))
+    policy = quick_policy(tmp_path, xid={"application_burst": {"count": 5, "window": "60s"}})
+    answers = await _post(http, xid_alert("gpu-two", task_queue, xid=13, gpu=3, fingerprint="fp-13"),
+                          xid_alert("gpu-two", task_queue, xid=79, gpu=5, fingerprint="fp-79"))
+    assert [a["action"] for a in answers] == ["started", "attached"], answers
+    handle = client.get_workflow_handle(answers[0]["workflow_id"], result_type=RunbookStatus)
+    async with worker_for(client, settings_for(task_queue, kube), policy):
+        status = await status_when(handle, lambda s: any(d.step == "protect" for d in s.decisions), 30)
+        classified = [d.result for d in status.decisions if d.step == "classify"]
+        assert [r.split(" (")[0] for r in classified] == ["XID 13", "XID 79"], status.decisions
+        # Out of service as the 79 asks: the cordon, in the API server's audit log.
+        cordons = [r for r in kube.mutations() if r.url.path == "/api/v1/nodes/gpu-two" and r.code < 300
+                   and (r.data or {}).get("spec", {}).get("unschedulable") is True]
+        assert len(cordons) == 1, status.decisions
+        await save_history(handle, "xid-recovery-early-alert-acted-on")
+        await handle.terminate("test over")
