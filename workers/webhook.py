@@ -275,7 +275,7 @@ class AlertReceiver:
         # so the second GPU's alert of a node signals the run the first one started.
         for _ in range(DELIVERY_TRIES):
             if (run_id := self.open_runs.run_id(decision.workflow_id)) is not None:
-                if await self._signal_open_run(alert, decision.workflow_id, run_id):
+                if await self._signal_run(alert, decision.workflow_id, run_id):
                     return self._answer(alert, decision.runbook, decision.workflow_id, "attached",
                                         f"signalled the running run {run_id}", "running_run")
                 self.open_runs.closed(decision.workflow_id)  # it closed since: a start decides
@@ -307,8 +307,9 @@ class AlertReceiver:
                                     + "; the alert started before that run ended", "already_remediated")
             return await self._start(alert, decision, after_closed=True)
 
-    async def _signal_open_run(self, alert: Alert, workflow_id: str, run_id: str) -> bool:
-        """The alert to that run; False when it has closed (Temporal: NOT_FOUND)."""
+    async def _signal_run(self, alert: Alert, workflow_id: str, run_id: str | None = None) -> bool:
+        """The alert to that run (`run_id`), or to the workflow ID's running one; False when it has
+        closed or there is none (Temporal: NOT_FOUND)."""
         handle = self.client.get_workflow_handle(workflow_id, run_id=run_id or None)
         try:
             await self._temporal(lambda: handle.signal("alert", alert, rpc_timeout=self._rpc_timeout()))
@@ -348,14 +349,9 @@ class AlertReceiver:
         return description.close_time, description.typed_search_attributes.get(FLEET_OUTCOME)
 
     async def _resolve(self, alert: Alert, decision: Routed) -> AlertAnswer:
-        handle = self.client.get_workflow_handle(decision.workflow_id)
-        try:
-            await self._temporal(lambda: handle.signal("alert", alert, rpc_timeout=self._rpc_timeout()))
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
-                return self._answer(alert, decision.runbook, decision.workflow_id, "ignored",
-                                    "resolved, and no runbook is running for it", "resolved_not_running")
-            raise
+        if not await self._signal_run(alert, decision.workflow_id):
+            return self._answer(alert, decision.runbook, decision.workflow_id, "ignored",
+                                "resolved, and no runbook is running for it", "resolved_not_running")
         return self._answer(alert, decision.runbook, decision.workflow_id, "attached",
                             "resolution delivered to the running run", "resolution")
 
