@@ -72,7 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import floor
 from bench.http_post import Broken, Poster, Response
 from bench.stats import percentile
-from bench.world import SERVERS, TOKEN, BenchWorld, cpu_seconds, on_each
+from bench.world import SERVERS, TOKEN, BenchWorld, cpu_seconds, machine_cpu, on_each
 
 T = TypeVar("T")
 TARGET_RATIO = 0.8  # DESIGN.md: a storm's and a burst's rates at least 0.8x their floors
@@ -278,14 +278,42 @@ async def steps_per_run(world: BenchWorld, runs: list[tuple[str, str]]) -> float
 def cpu_now(world: BenchWorld) -> dict[str, float]:
     """CPU seconds so far of each process a case involves; "senders" is this process,
     Alertmanager's stand-in (and the node watch of bench/world.py); "worker" counts the Slurm
-    commands the worker starts."""
+    commands the worker starts; "kubernetes" and "slurm" are the systems the runs call (and kwok);
+    "machine" is every process on the machine, "machine_all" the cores' seconds, busy or not."""
     processes = {"webhook": world.webhook_pid(), "senders": os.getpid()}
+    busy, cores = machine_cpu()
     return {**{name: cpu_seconds(pid) for name, pid in processes.items()}, "worker": world.worker_cpu(),
-            "temporal": world.temporal_cpu()}
+            "temporal": world.temporal_cpu(), **world.systems_cpu(), "machine": busy, "machine_all": cores}
 
 
 def cpu_since(world: BenchWorld, before: dict[str, float]) -> dict[str, float]:
-    return {name: round(seconds - before[name], 2) for name, seconds in cpu_now(world).items()}
+    """Each process's CPU seconds since `before`, and the share of the cores that were busy
+    meanwhile: near 1, the case ran as fast as the cores let everything on them run."""
+    spent = {name: seconds - before[name] for name, seconds in cpu_now(world).items()}
+    cores = spent.pop("machine_all")
+    return {**{name: round(seconds, 2) for name, seconds in spent.items()},
+            "machine_busy_share": round(spent["machine"] / cores, 2) if cores else 0.0}
+
+
+class Spent:
+    """`with Spent(world) as spent:` what each process, and the machine, spent on the block (`cpu`)."""
+
+    def __init__(self, world: BenchWorld) -> None:
+        self.world = world
+        self.cpu: dict[str, float] = {}
+
+    def __enter__(self) -> Spent:
+        self.before = cpu_now(self.world)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.cpu = cpu_since(self.world, self.before)
+
+
+def cpu_ms_per_run(cpu: Mapping[str, float], runs: int) -> float:
+    """The machine's CPU, every process on it, per run started: on cores that are all busy, the
+    rate is what this allows."""
+    return round(cpu["machine"] / max(runs, 1) * 1000, 2)
 
 
 async def with_server_cpu(world: BenchWorld, work: Awaitable[T]) -> tuple[T, float]:
@@ -365,7 +393,9 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
     # workflows started at once from one client, a worker running them (the runbooks below run
     # on FleetMedic's worker as they start).
     settled = [await world.until_quiet()]
-    floor_rate, floor_temporal_cpu = await with_server_cpu(world, floor.starts_per_s(world.client, nodes))
+    floor_window = Spent(world)
+    floor_rate, floor_temporal_cpu = await with_server_cpu(world, floor.starts_per_s(world.client, nodes,
+                                                                                     around=lambda: floor_window))
     settled.append(await world.until_quiet())
     sent = await fire_burst(world, nodes, "burst")
     statuses, wall, started = sent.statuses, sent.wall, started_by(sent)
@@ -383,8 +413,9 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
     settled.append(await world.until_quiet())
     steps = await steps_per_run(world, await runs_of(world, "burst"))
     settled.append(await world.until_quiet())
-    like_rate, like_temporal_cpu = await with_server_cpu(world, floor.starts_per_s(world.client, nodes,
-                                                                                   steps=max(round(steps), 1)))
+    like_window = Spent(world)
+    like_rate, like_temporal_cpu = await with_server_cpu(world, floor.starts_per_s(
+        world.client, nodes, steps=max(round(steps), 1), around=lambda: like_window))
     # Where the difference is: the same burst for other runbooks with the worker paused, so that
     # the webhook's starts meet the server alone, no run's steps beside them.
     settled.append(await world.until_quiet())
@@ -398,21 +429,30 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
             "started": started, "runbooks": len(runbooks), "exactly_one_runbook_per_node": len(runbooks) == nodes,
             "wall_s": round(wall, 2), "runbooks_started_per_s": round(rate, 1), "cpu_s": sent.cpu,
             "waited_for_a_quiet_server_s": settled,
+            "cpu_ms_per_runbook": cpu_ms_per_run(sent.cpu, len(runbooks)),
             "floor_starts_per_s": floor_rate, "floor_temporal_cpu_s": floor_temporal_cpu,
+            "floor_starts_cpu_s": floor_window.cpu, "floor_cpu_ms_per_run": cpu_ms_per_run(floor_window.cpu, nodes),
             "floor": "one-activity workflows started at once from one client, a worker running them",
             "over_floor": round(rate / floor_rate, 2), "target_ratio": TARGET_RATIO,
             "meets_target": rate / floor_rate >= TARGET_RATIO and len(runbooks) == nodes and not not_the_server,
             "activities_per_run": round(steps, 1),
             "floor_like_for_like": {"starts_per_s": like_rate, "temporal_cpu_s": like_temporal_cpu,
+                                    "starts_cpu_s": like_window.cpu,
+                                    "cpu_ms_per_run": cpu_ms_per_run(like_window.cpu, nodes),
                                     "what": "as many workflows started at once, each making as many do-nothing "
                                             "activities as a runbook's run made"},
             "over_floor_like_for_like": round(rate / like_rate, 2),
             "meets_target_like_for_like": rate / like_rate >= TARGET_RATIO and len(runbooks) == nodes
             and not not_the_server,
+            # On cores all busy (machine_busy_share near 1, in the burst and its floor alike) the rates
+            # are the inverse of the CPU each run costs the whole machine while the starts are answered.
+            "cpu_per_run_over_floor_like_for_like": round(cpu_ms_per_run(sent.cpu, len(runbooks))
+                                                          / max(cpu_ms_per_run(like_window.cpu, nodes), 0.01), 2),
             "with_runs_held": {
                 "runbooks_started_per_s": round(started_by(held) / held.wall, 1),
                 "over_floor_like_for_like": round(started_by(held) / held.wall / like_rate, 2),
                 "http_statuses": dict(sorted(held.statuses.items())), "cpu_s": held.cpu, "wall_s": round(held.wall, 2),
+                "cpu_ms_per_runbook": cpu_ms_per_run(held.cpu, started_by(held)),
                 "what": "the same burst for other nodes' runbooks, the worker paused (SIGSTOP) until it had been "
                         "answered: the webhook's starts and the server alone, no run making its steps (runbooks "
                         "started per s by the answers: a 503 retried and answered attached is not counted)"},

@@ -145,6 +145,15 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def machine_cpu() -> tuple[float, float]:
+    """The machine's CPU seconds so far, every core: (busy, in all), from /proc/stat. A case's busy
+    share says whether the cores set its pace (every part here shares them) or a wait did."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = fields[3] + fields[4]  # idle and iowait; guest time is in user already
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (sum(fields) - idle) / ticks, sum(fields) / ticks
+
+
 SERVERS = ("dev", "production")
 
 
@@ -213,7 +222,8 @@ class BenchWorld:
     async def __aenter__(self) -> BenchWorld:
         try:
             await self._start_temporal()
-            cluster = self.stack.enter_context(LocalKubeCluster(self.workdir / "kube", node_lease_s=self.node_lease_s))
+            self.cluster = cluster = self.stack.enter_context(
+                LocalKubeCluster(self.workdir / "kube", node_lease_s=self.node_lease_s))
             install_rbac_and_crds(cluster)
             self.kube = RealKube(cluster, None, self.workdir)
             for name in self.nodes:
@@ -289,6 +299,13 @@ class BenchWorld:
         if self.temporal_kind == "production":
             return sum(tree_cpu_seconds(proc.popen.pid) for proc in self.production.processes)
         return cpu_seconds(self.temporal.pid)
+
+    def systems_cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the systems the runs call, on the same cores here (elsewhere in a
+        real cluster): the Kubernetes control plane with kwok (whose node leases are renewed in
+        waves), and munged with slurmctld."""
+        return {"kubernetes": sum(tree_cpu_seconds(proc.popen.pid) for proc in self.cluster.processes),
+                "slurm": sum(tree_cpu_seconds(proc.pid) for proc in self.slurm.procs.values())}
 
     async def until_quiet(self, below_cores: float = 0.15, within_s: float = 120) -> float:
         """Until the Temporal server uses less than `below_cores` over 2 s (what the case before
