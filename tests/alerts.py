@@ -22,6 +22,14 @@ def xid_alert(node: str, cluster: str, xid: int = 79, gpu: int = 3, status: str 
             "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "http://prom", "fingerprint": fingerprint}
 
 
+def hot_alert(node: str, cluster: str, gpu: int, celsius: float = 84.0, fingerprint: str = "") -> dict[str, Any]:
+    """The shipped hot-GPU rule's alert (deploy/prometheus): the reading in an annotation."""
+    return {"status": "firing", "labels": {"alertname": "FleetMedicGpuHot", "node": node, "gpu": str(gpu),
+                                           "cluster": cluster},
+            "annotations": {"temperature_c": f"{celsius:g}"}, "startsAt": "2026-11-29T10:00:00Z",
+            "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "http://prom", "fingerprint": fingerprint or f"hot-{gpu}"}
+
+
 def alerts_in(history: WorkflowHistory) -> list[dict[str, Any]]:
     """The alerts a run was given, from its history: the one its start's input carries (the webhook
     starts a run with the alert in its input), then each `alert` signal."""

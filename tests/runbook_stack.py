@@ -8,12 +8,14 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
@@ -24,8 +26,10 @@ from devstack.slurm_cluster import LocalSlurmCluster
 from devstack.standins import AgentStandIn, ProviderStandIn, SlackStandIn
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import NodeRunbookInput, RunbookStatus
-from fleetmedic.policy import Policy
+from fleetmedic.policy import Policy, RoutingPolicy
+from tests.alerts import payload
 from tests.harness import own_taints, quick_policy, settings_for, worker_for
+from workers.webhook import AlertReceiver, available_runbooks
 
 # What each node runbook needs in its input to take the remediation path.
 START = {
@@ -77,9 +81,11 @@ class Stack:
     async def run(self, node: str, xid: int | None = None, gpu: int | None = None, *, runbook: str = "xid-recovery",
                   policy: Policy | None = None, controller: bool = True, replace_s: float = 1.0,
                   dry_run: bool = False, timeout: float = 120, during: Any = None, agent: AgentStandIn | None = None,
-                  worker: dict[str, Any] | None = None,
+                  worker: dict[str, Any] | None = None, alerts: Sequence[dict[str, Any]] = (),
                   **start: Any) -> tuple[RunbookStatus, WorkflowHandle[Any, RunbookStatus]]:
-        """`worker`: the worker's settings beside the stack's (`workflow_cache`, ...)."""
+        """`worker`: the worker's settings beside the stack's (`workflow_cache`, ...). `alerts`: the
+        run is started by Alertmanager's notification of these to the webhook, before the worker
+        runs (the first starts the run, the others attach to it), not by a start of its own."""
         extra = {"agent_url": agent.url_template, "agent_token": agent.token} if agent else {}
         extra.update(worker or {})
         settings = settings_for(self.task_queue, self.kube, slurm=self.slurm, slack=self.slack, provider=self.provider,
@@ -88,8 +94,9 @@ class Stack:
                                                   else nullcontext())
         start.update({k: v for k, v in (("xid", xid), ("gpu", gpu)) if v is not None})
         with replacing:
+            notified = await self.notify(*alerts) if alerts else None
             async with worker_for(self.client, settings, policy or self.policy()):
-                handle = await self.client.start_workflow(
+                handle = notified or await self.client.start_workflow(
                     runbook, self.start_input(runbook, node, dry_run=dry_run, **start),
                     id=node_workflow_id(runbook, self.cluster, node), task_queue=self.task_queue,
                     result_type=RunbookStatus)
@@ -104,6 +111,18 @@ class Stack:
                     await handle.terminate("test failed")  # never leave a run behind for the next test
                     raise
         return report, handle
+
+    async def notify(self, *alerts: dict[str, Any]) -> WorkflowHandle[Any, RunbookStatus]:
+        """One Alertmanager notification of `alerts` to a webhook replica of this cluster; the run
+        the first started (each other alert was answered attached to it)."""
+        receiver = AlertReceiver(self.client, RoutingPolicy(clusters=[self.cluster]), self.task_queue, "token",
+                                 available_runbooks(), max_body=64 * 1024)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=receiver.app()), base_url="http://webhook",
+                                     headers={"Authorization": "Bearer token"}) as http:
+            response = await http.post("/v1/alerts/alertmanager", json=payload(*alerts))
+        answers = response.json()["alerts"]
+        assert [a["action"] for a in answers] == ["started"] + ["attached"] * (len(alerts) - 1), answers
+        return self.client.get_workflow_handle(answers[0]["workflow_id"], result_type=RunbookStatus)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return fleetmedic_cli(self.client, self.task_queue, self.cluster, *args)

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from devstack.standins import AgentStandIn
+from tests.alerts import hot_alert
 from tests.harness import CHECKPOINTING_JOB, job_on
 from tests.runbook_stack import Stack
 
@@ -106,6 +107,29 @@ async def test_a_gpu_that_cooled_down_ends_the_run_without_touching_anything(sta
     assert [m.url.path for m in mutations] == ["/api/v1/namespaces/default/events"]  # the outcome, and only it
     assert stack.slurm_state("gpu-node-1") == ("idle", "none")
     assert stack.provider.requests == []
+
+
+async def test_another_gpu_hot_in_the_first_alerts_notification_is_pulled_when_the_first_cooled(
+        stack: Stack) -> None:
+    """Alertmanager groups a node's alerts (deploy/alertmanager: one group per node): GPU 3's and GPU
+    5's hot alerts come in one notification. GPU 3's starts the run, GPU 5's is signalled to it
+    before its first workflow task (answered attached), and Alertmanager sends it again only after
+    the route's repeat_interval. GPU 3 has cooled down when the run reads the agent, GPU 5 has not:
+    the node is pulled for GPU 5, not left in service as `recovered`."""
+    node = "gpu-node-1"
+    with hot_agent(node_gpu=5) as agent:  # GPU 3 back at the stand-in's 55 °C
+        report, _ = await stack.run(node, runbook="hot-gpu-pull", agent=agent, alerts=[
+            hot_alert(node, stack.cluster, 3), hot_alert(node, stack.cluster, 5, celsius=83)])
+    assert report.outcome == "remediated", report.decisions
+    assert any(d.step == "confirm still hot" and d.result == "still hot: GPU 5 84 °C, above 78 °C"
+               for d in report.decisions), report.decisions
+    # Out of service, seen from the outside: the cordon in the API server's audit log, once; the
+    # provider asked to replace the node for GPU 5.
+    cordons = [r for r in stack.node_writes(node)
+               if r.code < 300 and (r.data or {}).get("spec", {}).get("unschedulable") is True]
+    assert len(cordons) == 1, [r.data for r in stack.node_writes(node)]
+    assert [(r["node"], r["action"], r["reason"]) for r in stack.provider.accepted()] == [
+        (node, "replace", f"GPU 5 on {node} runs at 84 °C")]
 
 
 async def test_thermal_margin_mode_pulls_a_gpu_near_its_slowdown_limit(stack: Stack) -> None:

@@ -85,6 +85,9 @@ def test_there_are_histories_to_replay() -> None:
         # ... and the guard taking a worker's requests and releases in batches, its answers sent
         # without waiting for their delivery
         "fleet-guard-takes-batches",
+        # ... and another GPU's alert in the first alert's Alertmanager group, acted on: an XID 79
+        # beside an XID 13, a hot GPU beside one that cooled down
+        "xid-recovery-early-alert-acted-on", "hot-gpu-pull-early-alert-pulled",
         # 0.2.0, new runbooks: training-job failures and the suspect's trial
         "job-failures-restarted-then-trial", "job-failures-restarts-stopped", "job-failures-widespread",
         "job-failures-kubernetes-pods", "suspect-node-burn-in-passed", "suspect-node-burn-in-failed-replaced"}

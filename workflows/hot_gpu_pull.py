@@ -23,6 +23,8 @@ from workflows.node_runbook import NodeRunbook, NothingToDo, gpu_name
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
     from fleetmedic.models import GpuReading, RunbookStatus, SlurmNodeState
+    from fleetmedic.routing import alert_facts
+    from fleetmedic.trust import UntrustedValue
 
 
 @workflow.defn(name="hot-gpu-pull")
@@ -65,28 +67,44 @@ class HotGpuPull(NodeRunbook):
                                                                   f"({_temperature(hot)}) replaced")
 
     async def confirm_hot(self) -> GpuReading:
-        """A fresh reading: the hottest GPU the policy calls too hot (the alert's GPU when it names
-        one). Raises NothingToDo when it cooled down. Without a node agent the alert, which held
-        for the policy's `sustain`, is the evidence."""
+        """A fresh reading: the hottest GPU the policy calls too hot among those the run's alerts
+        name (every GPU when one names none). Raises NothingToDo when they cooled down. Without a
+        node agent the alert, which held for the policy's `sustain`, is the evidence."""
         assert self.policy is not None
         thermal = self.policy.thermal
         self.enter("confirm still hot")
-        alerted = GpuReading(gpu=self.input.gpu, temperature_c=self.input.temperature_c)
         readings = await self.call("confirm still hot", refs.AGENT_GPUS, self.node)
         if readings is None or not readings.available:
             self.decide("confirm still hot", "no fresh reading ("
                         + (readings.detail if readings else "skipped by an operator")
                         + f"): acting on the alert, which held for {thermal.sustain}")
-            return alerted
-        candidates = [g for g in readings.gpus if self.input.gpu is None or g.gpu == self.input.gpu]
+            return GpuReading(gpu=self.input.gpu, temperature_c=self.input.temperature_c)
+        alerted = self.alerted_gpus() if self.confirms_alerted_gpus else {self.input.gpu}
+        candidates = [g for g in readings.gpus if None in alerted or g.gpu in alerted]
         hot = sorted((g for g in candidates if thermal.too_hot(g.temperature_c, g.thermal_margin_c)),
                      key=lambda g: -(g.temperature_c or 0))
         if not hot:
             now = ", ".join(f"GPU {g.gpu} {_temperature(g)}" for g in candidates) or "no such GPU"
-            raise NothingToDo("recovered", f"GPU {gpu_name(self.input.gpu)} cooled down before any action "
-                                           f"({now}); nothing was changed")
+            named = ", ".join(gpu_name(gpu) for gpu in sorted(alerted, key=lambda gpu: -1 if gpu is None else gpu))
+            raise NothingToDo("recovered", f"GPU {named} cooled down before any action ({now}); nothing was changed")
         self.decide("confirm still hot", f"still hot: GPU {hot[0].gpu} {self._heat(hot[0])}")
         return hot[0]
+
+    def alerted_gpus(self) -> set[int | None]:
+        """The GPUs this run's firing alerts name: the one that started it, and each attached since
+        (resends aside). Alertmanager groups a node's alerts (deploy/alertmanager: one group per node),
+        so another GPU's hot alert comes to this run, answered `attached`, and is not sent again before
+        the route's repeat_interval: a first GPU that cooled down must not end the run while another
+        is still hot. None among them: an alert that names no GPU (every GPU is read then)."""
+        assert self.policy is not None
+        gpus: set[int | None] = {self.input.gpu}
+        for alert in self.new_alerts(1 if self.input.alert is not None else 0):
+            if alert.status == "firing":
+                try:
+                    gpus.add(alert_facts(alert, self.policy.routing).gpu)
+                except UntrustedValue:
+                    gpus.add(None)  # a GPU label that is no GPU number: every GPU is read
+        return gpus
 
     def _heat(self, reading: GpuReading) -> str:
         assert self.policy is not None

@@ -103,6 +103,7 @@ class NodeRunbookBase(Runbook):
     hold_registered = False
     reads_in_task = False  # the gate's opt-out, the lemon count and the take-out's jobs: local activities
     watches_early_alerts = False  # xid-recovery's watch looks at alerts that came before it began
+    confirms_alerted_gpus = False  # hot-gpu-pull reads every GPU its alerts name, not the first's alone
     kill_answer: KillAnswer | None = None  # the fleet guard's answer to a protective kill
     killed: tuple[SlurmJob, ...] = ()  # jobs requeued by the protective kill (their XID had killed them)
     out_since: datetime | None = None  # when the node left service (Slurm DOWN/DRAIN and cordon)
@@ -171,7 +172,8 @@ class NodeRunbookBase(Runbook):
     async def load(self, xid: int | None = None) -> Policy:
         self.enter("load policy")
         steps_0_2 = workflow.patched(NODE_STEPS_0_2)
-        self.protect_retries_said = self.hold_registered = self.reads_in_task = self.watches_early_alerts = steps_0_2
+        self.protect_retries_said = self.hold_registered = self.reads_in_task = steps_0_2
+        self.watches_early_alerts = self.confirms_alerted_gpus = steps_0_2
         # Local activities: the worker's own configuration, no round trip through the task queue.
         if steps_0_2:
             config = await configuration(refs.CONFIG_RUN)
