@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -72,6 +73,8 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("FLEETMEDIC_WAIT_SLOTS", "10000",
            "runs a worker lets wait for a node to come back at once (no thread each), on their own task queue"),
     EnvVar("FLEETMEDIC_DRY_RUN", "false", "force shadow mode for every runbook of this process"),
+    EnvVar("FLEETMEDIC_EVENT_LOOP", "uvloop",
+           "event loop of the worker, the webhook and the agent: uvloop, or asyncio (Python's own)"),
 )
 
 
@@ -124,6 +127,9 @@ class Settings(BaseModel):
     workflow_cache: int | None = Field(None, ge=0, le=1000000)
     worker_memory: int | None = Field(None, ge=1)
     dry_run: bool = False
+    # workers/event_loop.py: the loop that hands the Temporal client's answers, HTTP requests and
+    # threads' results back and forth; no workflow code runs on it.
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
 
     @field_validator("worker_memory", mode="before")
     @classmethod
@@ -178,6 +184,7 @@ class Settings(BaseModel):
             "workflow_cache": "FLEETMEDIC_WORKFLOW_CACHE",
             "worker_memory": "FLEETMEDIC_WORKER_MEMORY",
             "dry_run": "FLEETMEDIC_DRY_RUN",
+            "event_loop": "FLEETMEDIC_EVENT_LOOP",
         }
         values = {field: env[var] for field, var in mapping.items() if env.get(var, "") != ""}
         if values.get("workflow_cache") == "auto":

@@ -44,3 +44,23 @@ def test_every_design_variable_is_documented_in_the_readme() -> None:
         assert name in documented, name
     for var in ENVIRONMENT:
         assert f"`{var.name}`" in readme, f"README's configuration table lacks {var.name}"
+
+
+def test_the_long_running_processes_run_on_the_event_loop_asked_for() -> None:
+    """uvloop by default (workers/event_loop.py), Python's own loop when asked; anything else is
+    refused with the variable's name, before a process starts."""
+    import asyncio
+
+    import uvloop
+
+    from workers import event_loop
+
+    async def running_loop() -> type:
+        return type(asyncio.get_running_loop())
+
+    assert Settings.from_env({}).event_loop == "uvloop"
+    assert event_loop.run(running_loop(), Settings.from_env({}).event_loop) is uvloop.Loop
+    chosen = Settings.from_env({"FLEETMEDIC_EVENT_LOOP": "asyncio"}).event_loop
+    assert not issubclass(event_loop.run(running_loop(), chosen), uvloop.Loop)
+    with pytest.raises(SettingsError, match="FLEETMEDIC_EVENT_LOOP"):
+        Settings.from_env({"FLEETMEDIC_EVENT_LOOP": "trio"})

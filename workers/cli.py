@@ -45,6 +45,7 @@ from fleetmedic.quota import QuotaSyncInput
 from fleetmedic.settings import Settings, SettingsError
 from fleetmedic.traffic import TrafficInput
 from fleetmedic.trust import UntrustedValue, checked_node, cluster_name_error, visibility_literal
+from workers import event_loop
 from workers.temporal_client import SearchAttributesMissing, TemporalUnreachable
 
 # `run --wait` exits 3 with these: the run ended without doing what it was started for.
@@ -203,22 +204,22 @@ def main(argv: list[str] | None = None) -> int:
 
             policy = load_policy(settings.policy_path)  # a bad policy stops the process here
             _apply_address(args)
-            asyncio.run(run_worker(settings, policy, own_process=True))
+            event_loop.run(run_worker(settings, policy, own_process=True), settings.event_loop)
             return 0
         if args.command == "webhook":
             from workers.webhook import default_listen_host, serve
 
             policy = load_policy(settings.policy_path)
             _apply_address(args)
-            asyncio.run(serve(settings, policy, host=args.host or default_listen_host(), port=args.port,
-                              insecure_no_auth=args.insecure_no_auth))
+            event_loop.run(serve(settings, policy, host=args.host or default_listen_host(), port=args.port,
+                                 insecure_no_auth=args.insecure_no_auth), settings.event_loop)
             return 0
         if args.command == "agent":
             from workers.node_agent.serve import serve as serve_agent
 
             policy = load_policy(settings.policy_path)
             try:
-                asyncio.run(serve_agent(settings, policy, host=args.host, port=args.port))
+                event_loop.run(serve_agent(settings, policy, host=args.host, port=args.port), settings.event_loop)
             except ValueError as exc:
                 print(f"fleetmedic agent: {exc}", file=sys.stderr)
                 return 2
