@@ -44,6 +44,13 @@ the GIL more than the webhook.) Every HTTP status is kept, including the 503s a 
     python bench/alert_storm.py [--temporal dev|production|both] [--alerts 5000] [--nodes 500] [--senders 20]
                                 [--burst 500]
 
+Every part runs on this machine's cores, as none does in a real cluster (the Kubernetes control
+plane and slurmctld elsewhere, Alertmanager too), so each case says what every process spent
+(`cpu_s`: the webhook, the senders, the worker, Temporal, the Kubernetes control plane with kwok,
+Slurm, and `machine`, everything) and the share of the cores busy meanwhile; with them all busy, a
+rate is the inverse of the CPU a run costs the machine (`cpu_ms_per_runbook`, and the burst's floors
+the same over their start calls).
+
 Prints one JSON object with both cases, a section per server.
 """
 

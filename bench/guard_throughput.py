@@ -270,7 +270,7 @@ async def temporal(server: str, workdir: Path) -> AsyncIterator[tuple[Client, Ca
         with ProductionTemporal(workdir / "temporal") as production:
             client = await connect(target_host=production.address, namespace=production.namespace)
             await ensure_search_attributes(client)
-            yield client, lambda: sum(tree_cpu_seconds(p.popen.pid) for p in production.processes)
+            yield client, lambda: tree_cpu_seconds(*(p.popen.pid for p in production.processes))
         return
     options = DevOptions(state_dir=workdir / "temporal", port=free_port(), ui_port=free_port())
     process = start_temporal(options, persist=False)

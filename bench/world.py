@@ -127,14 +127,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of a process and of every descendant, live or exited: PostgreSQL serves each
-    connection from a process of its own."""
+def tree_cpu_seconds(*pids: int) -> float:
+    """CPU seconds of processes and of every descendant, live or exited: PostgreSQL serves each
+    connection from a process of its own. (/proc is read once for them all.)"""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, IndexError, ValueError):
             children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
-    total, todo = 0.0, [pid]
+    total, todo = 0.0, list(pids)
     while todo:
         current = todo.pop()
         with contextlib.suppress(OSError):
@@ -297,15 +297,15 @@ class BenchWorld:
         """CPU seconds so far of the Temporal server: the dev server's process, or temporal-server
         and PostgreSQL (every backend process) together."""
         if self.temporal_kind == "production":
-            return sum(tree_cpu_seconds(proc.popen.pid) for proc in self.production.processes)
+            return tree_cpu_seconds(*(proc.popen.pid for proc in self.production.processes))
         return cpu_seconds(self.temporal.pid)
 
     def systems_cpu(self) -> dict[str, float]:
         """CPU seconds so far of the systems the runs call, on the same cores here (elsewhere in a
         real cluster): the Kubernetes control plane with kwok (whose node leases are renewed in
         waves), and munged with slurmctld."""
-        return {"kubernetes": sum(tree_cpu_seconds(proc.popen.pid) for proc in self.cluster.processes),
-                "slurm": sum(tree_cpu_seconds(proc.pid) for proc in self.slurm.procs.values())}
+        return {"kubernetes": tree_cpu_seconds(*(proc.popen.pid for proc in self.cluster.processes)),
+                "slurm": tree_cpu_seconds(*(proc.pid for proc in self.slurm.procs.values()))}
 
     async def until_quiet(self, below_cores: float = 0.15, within_s: float = 120) -> float:
         """Until the Temporal server uses less than `below_cores` over 2 s (what the case before
