@@ -1,11 +1,39 @@
-"""Alertmanager webhook bodies (version 4) as the tests send them: the webhook's and the dashboard's."""
+"""Alertmanager webhook bodies (version 4) as the tests send them: the webhook's and the dashboard's;
+and a webhook replica to send them to."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
-from temporalio.client import WorkflowHistory
+import httpx
+from temporalio.client import Client, WorkflowHistory
+
+from fleetmedic.policy import RoutingPolicy
+from workers.webhook import AlertReceiver, available_runbooks
+
+TOKEN = "webhook-secret"
+
+
+@contextlib.asynccontextmanager
+async def replica(client: Client, task_queue: str) -> AsyncIterator[tuple[AlertReceiver, httpx.AsyncClient]]:
+    """One webhook replica of the cluster named after `task_queue` (each has its own memory of the
+    alerts it answered), and an HTTP client to it."""
+    receiver = AlertReceiver(client, RoutingPolicy(clusters=[task_queue]), task_queue, TOKEN, available_runbooks(),
+                             max_body=64 * 1024)
+    transport = httpx.ASGITransport(app=receiver.app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://webhook",
+                                 headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        yield receiver, http
+
+
+async def post(http: httpx.AsyncClient, *alerts: dict[str, Any]) -> list[dict[str, Any]]:
+    """One Alertmanager notification of `alerts`: the webhook's answer for each."""
+    response = await http.post("/v1/alerts/alertmanager", json=payload(*alerts))
+    assert response.status_code == 202, response.text
+    return list(response.json()["alerts"])
 
 
 def payload(*alerts: dict[str, Any], status: str = "firing") -> dict[str, Any]:

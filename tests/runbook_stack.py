@@ -15,7 +15,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
@@ -26,10 +25,9 @@ from devstack.slurm_cluster import LocalSlurmCluster
 from devstack.standins import AgentStandIn, ProviderStandIn, SlackStandIn
 from fleetmedic.ids import node_workflow_id
 from fleetmedic.models import NodeRunbookInput, RunbookStatus
-from fleetmedic.policy import Policy, RoutingPolicy
-from tests.alerts import payload
+from fleetmedic.policy import Policy
+from tests.alerts import post, replica
 from tests.harness import own_taints, quick_policy, settings_for, worker_for
-from workers.webhook import AlertReceiver, available_runbooks
 
 # What each node runbook needs in its input to take the remediation path.
 START = {
@@ -115,12 +113,8 @@ class Stack:
     async def notify(self, *alerts: dict[str, Any]) -> WorkflowHandle[Any, RunbookStatus]:
         """One Alertmanager notification of `alerts` to a webhook replica of this cluster; the run
         the first started (each other alert was answered attached to it)."""
-        receiver = AlertReceiver(self.client, RoutingPolicy(clusters=[self.cluster]), self.task_queue, "token",
-                                 available_runbooks(), max_body=64 * 1024)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=receiver.app()), base_url="http://webhook",
-                                     headers={"Authorization": "Bearer token"}) as http:
-            response = await http.post("/v1/alerts/alertmanager", json=payload(*alerts))
-        answers = response.json()["alerts"]
+        async with replica(self.client, self.task_queue) as (_, http):  # the cluster is named after the queue
+            answers = await post(http, *alerts)
         assert [a["action"] for a in answers] == ["started"] + ["attached"] * (len(alerts) - 1), answers
         return self.client.get_workflow_handle(answers[0]["workflow_id"], result_type=RunbookStatus)
 

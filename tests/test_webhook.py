@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,28 +14,15 @@ from temporalio.client import Client
 from activities.start import RUNBOOK_TASK_TIMEOUT
 from fleetmedic.models import RunbookStatus
 from fleetmedic.policy import RoutingPolicy
-from tests.alerts import alerts_in, payload, xid_alert
+from tests.alerts import TOKEN, alerts_in, payload, post, replica, xid_alert
 from tests.runbook_stack import save_history, status_when
 from workers.webhook import AlertReceiver, available_runbooks
-
-TOKEN = "webhook-secret"
 
 
 @pytest.fixture
 async def webhook(client: Client, task_queue: str) -> AsyncIterator[tuple[AlertReceiver, httpx.AsyncClient]]:
     async with replica(client, task_queue) as served:
         yield served
-
-
-@contextlib.asynccontextmanager
-async def replica(client: Client, task_queue: str) -> AsyncIterator[tuple[AlertReceiver, httpx.AsyncClient]]:
-    """One webhook replica (each has its own memory of the alerts it answered)."""
-    receiver = AlertReceiver(client, RoutingPolicy(clusters=[task_queue]), task_queue, TOKEN, available_runbooks(),
-                             max_body=64 * 1024)
-    transport = httpx.ASGITransport(app=receiver.app())
-    async with httpx.AsyncClient(transport=transport, base_url="http://webhook",
-                                 headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-        yield receiver, http
 
 
 async def running(client: Client, cluster: str) -> list[str]:
@@ -353,12 +339,6 @@ async def test_ten_thousand_hostile_requests_never_5xx_never_start_an_invalid_ru
     assert sum(v for (outcome, _), v in counted.items() if outcome in ("refused", "ignored")) > 5000
 
 
-async def _post(http: httpx.AsyncClient, *alerts: dict[str, Any]) -> list[dict[str, Any]]:
-    response = await http.post("/v1/alerts/alertmanager", json=payload(*alerts))
-    assert response.status_code == 202, response.text
-    return list(response.json()["alerts"])
-
-
 async def test_alert_labels_cannot_pick_a_fleet_guard_of_their_own(webhook: Any, client: Client, task_queue: str,
                                                                    kube: Any, tmp_path: Any) -> None:
     """The guard of the real cluster is at its cap (one lease, held by a run waiting for a person
@@ -372,11 +352,11 @@ async def test_alert_labels_cannot_pick_a_fleet_guard_of_their_own(webhook: Any,
         kube.put(fleet.node(name))
     policy = quick_policy(tmp_path, budget={"max_concurrent": 1, "max_per_hour": 1}, provider={"kind": "manual"})
     async with worker_for(client, settings_for(task_queue, kube), policy):
-        [first] = await _post(http, xid_alert(nodes[0], task_queue))
+        [first] = await post(http, xid_alert(nodes[0], task_queue))
         assert first["action"] == "started"
         holder = client.get_workflow_handle(first["workflow_id"])
         await status_when(holder, lambda s: s.waiting_for is not None and "replaced" in s.waiting_for)
-        answers = await _post(http, *(xid_alert(n, f"c{i}", fingerprint=f"fp-{n}")
+        answers = await post(http, *(xid_alert(n, f"c{i}", fingerprint=f"fp-{n}")
                                       for i, n in enumerate(nodes[1:])))
         assert {(a["action"], a["code"]) for a in answers} == {("refused", "unknown_cluster")}
         # A start that bypasses the webhook (the UI's form) with an unknown cluster ends at once.
@@ -410,7 +390,7 @@ async def test_a_resent_alert_is_one_occurrence_and_a_closed_incident_is_not_reo
     policy = quick_policy(tmp_path, xid={"application_burst": {"count": 5, "window": "6s"}})
     alert = xid_alert("gpu-r", task_queue, xid=13, fingerprint="fp-13")
     async with worker_for(client, settings_for(task_queue, kube), policy), replica(client, task_queue) as (_, other):
-        answers = [(await _post(side, alert))[0] for side in (http, other, http, other, http)]
+        answers = [(await post(side, alert))[0] for side in (http, other, http, other, http)]
         assert [(a["action"], a["code"]) for a in answers] == [
             ("started", "new_run"), ("attached", "running_run")] + [("ignored", "resend")] * 3, answers
         handle = client.get_workflow_handle(answers[0]["workflow_id"], result_type=RunbookStatus)
@@ -424,16 +404,16 @@ async def test_a_resent_alert_is_one_occurrence_and_a_closed_incident_is_not_reo
         assert sum(e.HasField("workflow_execution_signaled_event_attributes") for e in history.events) == 1
         # The rule stays firing (dcgm's XID gauge holds the last XID): the resend starts nothing,
         # answered from the memory of the replica that saw it, or by Temporal on a new replica.
-        [again] = await _post(http, alert)
+        [again] = await post(http, alert)
         assert (again["action"], again["code"]) == ("ignored", "resend"), again
         async with replica(client, task_queue) as (_, new):
-            [again] = await _post(new, alert)
+            [again] = await post(new, alert)
         assert (again["action"], again["code"]) == ("ignored", "already_remediated"), again
         runs = [w async for w in client.list_workflows(f'WorkflowId = "{handle.id}"')]
         assert len(runs) == 1
         # A new incident (a later startsAt) is a new run, on the replica that remembers the closed
         # one open (workers/open_runs.py): its signal there finds the run closed, and the start decides.
-        [later] = await _post(http, {**alert, "startsAt": "2099-01-01T00:00:00Z", "fingerprint": "fp-13b"})
+        [later] = await post(http, {**alert, "startsAt": "2099-01-01T00:00:00Z", "fingerprint": "fp-13b"})
         assert later["action"] == "started"
         await client.get_workflow_handle(later["workflow_id"]).terminate("test over")
 
@@ -483,7 +463,7 @@ async def test_a_destructive_xid_that_came_with_the_runs_first_alert_is_acted_on
     _, http = webhook
     kube.put(fleet.node("gpu-two"))
     policy = quick_policy(tmp_path, xid={"application_burst": {"count": 5, "window": "60s"}})
-    answers = await _post(http, xid_alert("gpu-two", task_queue, xid=13, gpu=3, fingerprint="fp-13"),
+    answers = await post(http, xid_alert("gpu-two", task_queue, xid=13, gpu=3, fingerprint="fp-13"),
                           xid_alert("gpu-two", task_queue, xid=79, gpu=5, fingerprint="fp-79"))
     assert [a["action"] for a in answers] == ["started", "attached"], answers
     handle = client.get_workflow_handle(answers[0]["workflow_id"], result_type=RunbookStatus)
