@@ -23,8 +23,6 @@ from workflows.node_runbook import NodeRunbook, NothingToDo, gpu_name
 with workflow.unsafe.imports_passed_through():
     from fleetmedic import activity_refs as refs
     from fleetmedic.models import GpuReading, RunbookStatus, SlurmNodeState
-    from fleetmedic.routing import alert_facts
-    from fleetmedic.trust import UntrustedValue
 
 
 @workflow.defn(name="hot-gpu-pull")
@@ -96,14 +94,10 @@ class HotGpuPull(NodeRunbook):
         so another GPU's hot alert comes to this run, answered `attached`, and is not sent again before
         the route's repeat_interval: a first GPU that cooled down must not end the run while another
         is still hot. None among them: an alert that names no GPU (every GPU is read then)."""
-        assert self.policy is not None
         gpus: set[int | None] = {self.input.gpu}
         for alert in self.new_alerts(1 if self.input.alert is not None else 0):
             if alert.status == "firing":
-                try:
-                    gpus.add(alert_facts(alert, self.policy.routing).gpu)
-                except UntrustedValue:
-                    gpus.add(None)  # a GPU label that is no GPU number: every GPU is read
+                gpus.add(self.alert_xid_gpu(alert)[1])  # a label that is no GPU number: None, every GPU
         return gpus
 
     def _heat(self, reading: GpuReading) -> str:

@@ -17,13 +17,25 @@ from workflows.node_return import ReturnSteps
 from workflows.node_take_out import TakeOutSteps
 
 with workflow.unsafe.imports_passed_through():
-    from fleetmedic.models import SlurmNodeState, Taint
+    from fleetmedic.models import Alert, SlurmNodeState, Taint
+    from fleetmedic.routing import alert_facts
+    from fleetmedic.trust import UntrustedValue
 
 __all__ = ["NodeRunbook", "NodeRunbookBase", "NothingToDo", "OptedOut", "Rejected", "gpu_name"]
 
 
 class NodeRunbook(TakeOutSteps, ReturnSteps):
     """A runbook that takes one node out of service, repairs it and puts it back."""
+
+    def alert_xid_gpu(self, alert: Alert) -> tuple[int | None, int | None]:
+        """An attached alert's XID and GPU, read as the webhook reads them (labels, then the dcgm
+        rule's annotation); a label that is not a number reads as none."""
+        assert self.policy is not None
+        try:
+            facts = alert_facts(alert, self.policy.routing)
+        except UntrustedValue:
+            return None, None  # attached all the same: counted as no XID, and no GPU of its own
+        return facts.xid, facts.gpu
 
     async def protect_then_count(self, reason: str, taint: Taint | None = None) -> int:
         """The protective step, then the lemon count: bookkeeping may wait, the bad node may not.

@@ -30,9 +30,7 @@ from temporalio import workflow
 from workflows.node_runbook import NodeRunbook, NothingToDo, gpu_name
 
 with workflow.unsafe.imports_passed_through():
-    from fleetmedic.models import Alert, NodeRunbookInput, RunbookStatus, SlurmNodeState, missing_input
-    from fleetmedic.routing import alert_facts
-    from fleetmedic.trust import UntrustedValue
+    from fleetmedic.models import NodeRunbookInput, RunbookStatus, SlurmNodeState, missing_input
     from fleetmedic.xid import XidAction, XidClassification, classify_xid
 
 
@@ -155,13 +153,3 @@ class XidRecovery(NodeRunbook):
             done = await self.reset_gpu(gpu or 0, why)
         return await self.return_when_healthy(jobs, requested_at, f"XID {xid} on GPU {gpu_name(gpu)}: {verdict.action}",
                                               rejoined=done != "reset")
-
-
-    def alert_xid_gpu(self, alert: Alert) -> tuple[int | None, int | None]:
-        assert self.policy is not None
-        try:
-            facts = alert_facts(alert, self.policy.routing)
-        except UntrustedValue:
-            return None, None  # a label that is not a number: attached, counted as no XID
-        return facts.xid, facts.gpu
-
