@@ -21,6 +21,13 @@ and `webhook_busy` are not). Beside it, the same burst for other nodes with the 
 (`with_runs_held`): what the webhook's starts alone get from the server, so the JSON says whether
 the gap to the floor is the alert path or the runs' first steps taken beside it.
 
+The burst is also set beside a third floor, `floor_reads_like_for_like`: the like-for-like one whose
+runs' first step reads its node from the API server instead of doing nothing, the one read each
+runbook's protective step makes on its own (its other reads, the opted-out pods and Slurm's nodes and
+jobs, are shared by the runs asking at once: activities/shared_reads.py); a ratio to it is what
+FleetMedic costs beyond its steps and that read (`meets_target_against_reads_floor`; the issue's
+verdicts stay `meets_target` and `meets_target_like_for_like`).
+
 Each case's floor is measured in the same run on the same server: for the storm, the same alerts
 (batch by batch, as many senders) sent as raw signal-with-start calls from one client to a trivial
 run per node. Target: ≥ 0.8× its rate, exactly one run per node, nothing lost.
@@ -423,6 +430,12 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
     like_window = Spent(world)
     like_rate, like_temporal_cpu = await with_server_cpu(world, floor.starts_per_s(
         world.client, nodes, steps=max(round(steps), 1), around=lambda: like_window))
+    # And with the one read each run's protective step makes on its own: its node, from the API server.
+    settled.append(await world.until_quiet())
+    reads_window = Spent(world)
+    reads_rate, reads_temporal_cpu = await with_server_cpu(world, floor.starts_per_s(
+        world.client, nodes, steps=max(round(steps), 1), around=lambda: reads_window,
+        reads=(floor.Protect(world.kube.api, world.slurm.env), [f"gpu-{n}" for n in range(nodes)])))
     # Where the difference is: the same burst for other runbooks with the worker paused, so that
     # the webhook's starts meet the server alone, no run's steps beside them.
     settled.append(await world.until_quiet())
@@ -450,6 +463,14 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
                                             "activities as a runbook's run made"},
             "over_floor_like_for_like": round(rate / like_rate, 2),
             "meets_target_like_for_like": rate / like_rate >= TARGET_RATIO and len(runbooks) == nodes
+            and not not_the_server,
+            "floor_reads_like_for_like": {
+                "starts_per_s": reads_rate, "temporal_cpu_s": reads_temporal_cpu, "starts_cpu_s": reads_window.cpu,
+                "cpu_ms_per_run": cpu_ms_per_run(reads_window.cpu, nodes),
+                "what": "the like-for-like floor, each run's first step reading its node from the API server "
+                        "(a consistent GET, as every protective step reads its own) instead of doing nothing"},
+            "over_floor_reads_like_for_like": round(rate / reads_rate, 2),
+            "meets_target_against_reads_floor": rate / reads_rate >= TARGET_RATIO and len(runbooks) == nodes
             and not not_the_server,
             # On cores all busy (machine_busy_share near 1, in the burst and its floor alike) the rates
             # are the inverse of the CPU each run costs the whole machine while the starts are answered.

@@ -13,7 +13,8 @@ case being compared starts its runs. A ratio to one of these is what FleetMedic 
 - `in_flight`: as many trivial runs kept open as FleetMedic has in flight (each waits for a signal,
   as each FleetMedic run waits for its replacement), while `latencies` measures new ones (and,
   given nodes, `effects_latencies` all at once);
-- `starts_per_s`: N one-activity workflows started at once from one client;
+- `starts_per_s`: N one-activity workflows started at once from one client (given nodes, each run's
+  first step reads its node from the API server, as every protective step does on its own);
 - `signal_with_start_per_s`: a storm's alerts sent as raw signal-with-start calls from one client,
   each to a trivial run per node that takes signals.
 
@@ -70,7 +71,10 @@ async def make_steps(count: int) -> None:
 @workflow.defn(name="bench-floor", sandboxed=False)  # no sandbox: benchmarks import the world
 class Floor:
     @workflow.run
-    async def run(self, key: str, before: int = 0) -> None:
+    async def run(self, key: str, before: int = 0, node: str = "") -> None:
+        if node:  # its first step reads the node, as a runbook's protective step does
+            await workflow.execute_activity("bench.read_node", node, start_to_close_timeout=timedelta(seconds=30))
+            before = max(before - 1, 0)
         await make_steps(before)
         await workflow.execute_activity("bench.touch", key, start_to_close_timeout=timedelta(seconds=10))
 
@@ -96,9 +100,15 @@ class Protect:
         configuration.connection_pool_maxsize = SLOTS
         self.core, self.slurm_env = k8s_client.CoreV1Api(k8s_client.ApiClient(configuration)), slurm_env
 
+    @activity.defn(name="bench.read_node")
+    def read(self, node: str) -> None:
+        """The node, read as the protective step reads it (KubernetesActivities.find_node): a
+        consistent GET, its JSON parsed."""
+        json.loads(self.core.read_node(node, _preload_content=False, _request_timeout=15).data)
+
     @activity.defn(name="bench.protect")
     def protect(self, node: str) -> None:
-        json.loads(self.core.read_node(node, _preload_content=False, _request_timeout=15).data)
+        self.read(node)
         # The two writes side by side, as the protective step makes them.
         drain = subprocess.Popen(["scontrol", "update", f"nodename={node}", "state=drain", "reason=bench floor"],
                                  env={**os.environ, **self.slurm_env}, stdout=subprocess.DEVNULL,
@@ -147,7 +157,7 @@ SLOTS = Settings.model_fields["protective_slots"].default
 @contextlib.asynccontextmanager
 async def floor_worker(client: Client, protect: Protect | None = None) -> AsyncIterator[Worker]:
     """The floor's worker, in this process, polling as FleetMedic's worker does."""
-    activities: list[Callable[..., Any]] = [touch, step, *([protect.protect] if protect else [])]
+    activities: list[Callable[..., Any]] = [touch, step, *([protect.protect, protect.read] if protect else [])]
     with ThreadPoolExecutor(SLOTS) as pool:
         async with Worker(client, task_queue=QUEUE, workflows=[Floor, EffectsFloor, OpenRun], activities=activities,
                           activity_executor=pool, max_concurrent_activities=SLOTS,
@@ -247,17 +257,21 @@ async def in_flight(client: Client, open_runs: int, runs: int, effects: Sequence
 
 
 async def starts_per_s(client: Client, count: int, steps: int = 1,
-                       around: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
-                       ) -> float:
+                       around: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+                       reads: tuple[Protect, Sequence[str]] | None = None) -> float:
     """`count` workflows of `steps` activities (one, or do-nothing steps before it) started at once
     from one client, a worker running them: the rate of the start calls, as the burst's is of its 202s.
-    `around()` is entered for the start calls alone (what the machine spent while they were answered)."""
-    async with floor_worker(client):
+    `around()` is entered for the start calls alone (what the machine spent while they were answered).
+    `reads`: (`protect`, a node per run): each run's first step reads its node (`Protect.read`)
+    instead of doing nothing, as each runbook's protective step reads its own."""
+    protect, nodes = reads if reads is not None else (None, [""] * count)
+    async with floor_worker(client, protect):
         keys = [f"floor-burst-{n}-{time.time_ns()}" for n in range(count)]
         with around():
             began = time.monotonic()
-            await asyncio.gather(*(client.start_workflow("bench-floor", args=[k, max(steps - 1, 0)], id=k,
-                                                         task_queue=QUEUE) for k in keys))
+            await asyncio.gather(*(client.start_workflow(
+                "bench-floor", args=[k, max(steps - 1, 0), *([node] if node else [])], id=k, task_queue=QUEUE)
+                for k, node in zip(keys, nodes, strict=True)))
             rate = count / (time.monotonic() - began)
         while not all(k in DONE for k in keys):  # let them finish before the worker goes
             await asyncio.sleep(0.05)
