@@ -76,7 +76,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
@@ -407,9 +407,9 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
     # workflows started at once from one client, a worker running them (the runbooks below run
     # on FleetMedic's worker as they start).
     settled = [await world.until_quiet()]
-    floor_window = Spent(world)
-    floor_rate, floor_temporal_cpu = await with_server_cpu(world, floor.starts_per_s(world.client, nodes,
-                                                                                     around=lambda: floor_window))
+    plain = await starts_floor(world, nodes, 1, "one-activity workflows started at once from one client, a worker "
+                                                "running them")
+    floor_rate = plain["starts_per_s"]
     settled.append(await world.until_quiet())
     sent = await fire_burst(world, nodes, "burst")
     statuses, wall, started = sent.statuses, sent.wall, started_by(sent)
@@ -427,15 +427,15 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
     settled.append(await world.until_quiet())
     steps = await steps_per_run(world, await runs_of(world, "burst"))
     settled.append(await world.until_quiet())
-    like_window = Spent(world)
-    like_rate, like_temporal_cpu = await with_server_cpu(world, floor.starts_per_s(
-        world.client, nodes, steps=max(round(steps), 1), around=lambda: like_window))
+    like = await starts_floor(world, nodes, max(round(steps), 1), "as many workflows started at once, each "
+                              "making as many do-nothing activities as a runbook's run made")
+    like_rate = like["starts_per_s"]
     # And with the one read each run's protective step makes on its own: its node, from the API server.
     settled.append(await world.until_quiet())
-    reads_window = Spent(world)
-    reads_rate, reads_temporal_cpu = await with_server_cpu(world, floor.starts_per_s(
-        world.client, nodes, steps=max(round(steps), 1), around=lambda: reads_window,
-        reads=(floor.Protect(world.kube.api, world.slurm.env), [f"gpu-{n}" for n in range(nodes)])))
+    reads = await starts_floor(
+        world, nodes, max(round(steps), 1), "the like-for-like floor, each run's first step reading its node from "
+        "the API server (a consistent GET, as every protective step reads its own) instead of doing nothing",
+        reads=(floor.Protect(world.kube.api, world.slurm.env), [f"gpu-{n}" for n in range(nodes)]))
     # Where the difference is: the same burst for other runbooks with the worker paused, so that
     # the webhook's starts meet the server alone, no run's steps beside them.
     settled.append(await world.until_quiet())
@@ -445,37 +445,30 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
     # The target allows a 503 only where the server itself refuses (RESOURCE_EXHAUSTED, unavailable).
     not_the_server = sum(n for status, n in statuses.items()
                          if status.startswith("503 ") and status != "503 temporal_unavailable")
+
+    def meets(floor_rate: float) -> bool:
+        return rate / floor_rate >= TARGET_RATIO and len(runbooks) == nodes and not not_the_server
     return {"nodes": nodes, "http_statuses": dict(sorted(statuses.items())),
             "started": started, "runbooks": len(runbooks), "exactly_one_runbook_per_node": len(runbooks) == nodes,
             "wall_s": round(wall, 2), "runbooks_started_per_s": round(rate, 1), "cpu_s": sent.cpu,
             "waited_for_a_quiet_server_s": settled,
             "cpu_ms_per_runbook": cpu_ms_per_run(sent.cpu, len(runbooks)),
-            "floor_starts_per_s": floor_rate, "floor_temporal_cpu_s": floor_temporal_cpu,
-            "floor_starts_cpu_s": floor_window.cpu, "floor_cpu_ms_per_run": cpu_ms_per_run(floor_window.cpu, nodes),
-            "floor": "one-activity workflows started at once from one client, a worker running them",
+            "floor_starts_per_s": floor_rate, "floor_temporal_cpu_s": plain["temporal_cpu_s"],
+            "floor_starts_cpu_s": plain["starts_cpu_s"], "floor_cpu_ms_per_run": plain["cpu_ms_per_run"],
+            "floor": plain["what"],
             "over_floor": round(rate / floor_rate, 2), "target_ratio": TARGET_RATIO,
-            "meets_target": rate / floor_rate >= TARGET_RATIO and len(runbooks) == nodes and not not_the_server,
+            "meets_target": meets(floor_rate),
             "activities_per_run": round(steps, 1),
-            "floor_like_for_like": {"starts_per_s": like_rate, "temporal_cpu_s": like_temporal_cpu,
-                                    "starts_cpu_s": like_window.cpu,
-                                    "cpu_ms_per_run": cpu_ms_per_run(like_window.cpu, nodes),
-                                    "what": "as many workflows started at once, each making as many do-nothing "
-                                            "activities as a runbook's run made"},
+            "floor_like_for_like": like,
             "over_floor_like_for_like": round(rate / like_rate, 2),
-            "meets_target_like_for_like": rate / like_rate >= TARGET_RATIO and len(runbooks) == nodes
-            and not not_the_server,
-            "floor_reads_like_for_like": {
-                "starts_per_s": reads_rate, "temporal_cpu_s": reads_temporal_cpu, "starts_cpu_s": reads_window.cpu,
-                "cpu_ms_per_run": cpu_ms_per_run(reads_window.cpu, nodes),
-                "what": "the like-for-like floor, each run's first step reading its node from the API server "
-                        "(a consistent GET, as every protective step reads its own) instead of doing nothing"},
-            "over_floor_reads_like_for_like": round(rate / reads_rate, 2),
-            "meets_target_against_reads_floor": rate / reads_rate >= TARGET_RATIO and len(runbooks) == nodes
-            and not not_the_server,
+            "meets_target_like_for_like": meets(like_rate),
+            "floor_reads_like_for_like": reads,
+            "over_floor_reads_like_for_like": round(rate / reads["starts_per_s"], 2),
+            "meets_target_against_reads_floor": meets(reads["starts_per_s"]),
             # On cores all busy (machine_busy_share near 1, in the burst and its floor alike) the rates
             # are the inverse of the CPU each run costs the whole machine while the starts are answered.
             "cpu_per_run_over_floor_like_for_like": round(cpu_ms_per_run(sent.cpu, len(runbooks))
-                                                          / max(cpu_ms_per_run(like_window.cpu, nodes), 0.01), 2),
+                                                          / max(like["cpu_ms_per_run"], 0.01), 2),
             "with_runs_held": {
                 "runbooks_started_per_s": round(started_by(held) / held.wall, 1),
                 "over_floor_like_for_like": round(started_by(held) / held.wall / like_rate, 2),
@@ -485,6 +478,18 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
                         "answered: the webhook's starts and the server alone, no run making its steps (runbooks "
                         "started per s by the answers: a 503 retried and answered attached is not counted)"},
             "http_503": refused, "http_503_not_the_server": not_the_server}
+
+
+async def starts_floor(world: BenchWorld, nodes: int, steps: int, what: str,
+                       reads: tuple[floor.Protect, list[str]] | None = None) -> dict[str, Any]:
+    """A floor for the burst (floor.starts_per_s): `nodes` runs of `steps` activities started at once,
+    the rate of their starts, the Temporal server's CPU over them and their runs, and what every
+    process spent over the start calls alone (`starts_cpu_s`), per run too."""
+    window = Spent(world)
+    rate, temporal_cpu = await with_server_cpu(world, floor.starts_per_s(world.client, nodes, steps=steps,
+                                                                         around=lambda: window, reads=reads))
+    return {"starts_per_s": rate, "temporal_cpu_s": temporal_cpu, "starts_cpu_s": window.cpu,
+            "cpu_ms_per_run": cpu_ms_per_run(window.cpu, nodes), "what": what}
 
 
 def started_by(sent: Sent) -> int:
