@@ -1,9 +1,10 @@
 """Least privilege, checked against reality.
 
-Every request the worker's adapters sent to the Kubernetes apiserver during this test session was
-recorded (tests/rbac.py). The worker's ClusterRole, as `kubectl kustomize` renders it, must allow
-each of them, and — when the whole suite ran — nothing beyond them. The webhook has no Kubernetes
-access at all; the agent may only read nodes.
+Every request the worker's adapters sent to the Kubernetes apiserver during the test session was
+recorded (tests/rbac.py; in every process of the suite when scripts/test runs it on every core).
+The worker's ClusterRole, as `kubectl kustomize` renders it, must allow each of them, and — when
+the whole suite ran — nothing beyond them. The webhook has no Kubernetes access at all; the agent
+may only read nodes.
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ def allowed_by(role: dict[str, Any]) -> set[tuple[str, str, str]]:
     return allowed
 
 
+def recording(request: pytest.FixtureRequest) -> rbac.Recording:
+    """What this session and the processes before it (scripts/test) sent and collected."""
+    session = request.session
+    return rbac.everything({item.module.__name__.rsplit(".", 1)[-1] for item in session.items if item.module},
+                           session.testsfailed)
+
+
 def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
 
@@ -54,11 +62,11 @@ def test_the_workers_clusterrole_allows_exactly_what_its_adapters_send(request: 
     allowed = allowed_by(role)
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
-    missing = sorted(rbac.OBSERVED - allowed)
+    seen = recording(request)
+    missing = sorted(seen.observed - allowed)
     assert not missing, f"the worker sends requests its ClusterRole forbids: {missing}"
-    ran = {item.module.__name__.rsplit(".", 1)[-1] for item in request.session.items if item.module}
-    if ADAPTER_TESTS <= ran and request.session.testsfailed == 0:
-        unused = sorted(allowed - rbac.OBSERVED)
+    if ADAPTER_TESTS <= seen.modules and seen.failed == 0:
+        unused = sorted(allowed - seen.observed)
         assert not unused, f"the ClusterRole allows what no adapter uses: {unused}"
 
 
@@ -97,13 +105,13 @@ def test_the_worker_calls_no_deprecated_api_version(request: pytest.FixtureReque
     one its installed CRD serves without deprecating it: Cluster API and Kueue through v1beta2, Karpenter v1."""
     served = crd_versions()
     require(bool(served), "the CRDs scripts/install-kube installs")
-    ran = {item.module.__name__.rsplit(".", 1)[-1] for item in request.session.items if item.module}
-    if not {"test_providers", "test_replacements"} <= ran:
+    seen = recording(request)
+    if not {"test_providers", "test_replacements"} <= seen.modules:
         pytest.skip("the provider tests did not run in this session: no Cluster API or Karpenter call to judge")
-    called = sorted(c for c in rbac.VERSIONS if (c[0], c[2]) in served)
+    called = sorted(c for c in seen.versions if (c[0], c[2]) in served)
     groups = {group for group, _, _ in called}
     assert {"cluster.x-k8s.io", "karpenter.sh"} <= groups, called  # the recording covers the providers
-    if "test_kueue_quota_sync" in ran:  # ... and Kueue, which FleetMedic speaks in v1beta2
+    if "test_kueue_quota_sync" in seen.modules:  # ... and Kueue, which FleetMedic speaks in v1beta2
         assert "kueue.x-k8s.io" in groups, called
     deprecated = [c for c in called if c[0] not in NOT_YET_MOVED and served[(c[0], c[2])].get(c[1], True)]
     assert not deprecated, f"the worker calls API versions its CRDs deprecate (or do not serve): {deprecated}"
