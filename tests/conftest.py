@@ -222,8 +222,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """What this process's tests sent to the API server, for the RBAC test of a later process
     (scripts/test; nothing is kept unless FLEETMEDIC_RBAC_RECORD names where)."""
     if session.items:  # pytest-xdist's controller runs none
-        rbac.save({item.module.__name__.rsplit(".", 1)[-1] for item in session.items if item.module},
-                  session.testsfailed)
+        rbac.save(rbac.modules(session.items), session.testsfailed)
 
 
 @pytest.hookimpl(trylast=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,11 @@ class Recording:
     versions: set[tuple[str, str, str]]
     modules: set[str]  # the test modules collected (every process collects the whole selection)
     failed: int  # tests failed, in every process
+
+
+def modules(items: Iterable[Any]) -> set[str]:
+    """The test modules of `items` (pytest's), by name."""
+    return {item.module.__name__.rsplit(".", 1)[-1] for item in items if item.module}
 
 
 def record_dir() -> Path | None:

@@ -47,9 +47,7 @@ def allowed_by(role: dict[str, Any]) -> set[tuple[str, str, str]]:
 
 def recording(request: pytest.FixtureRequest) -> rbac.Recording:
     """What this session and the processes before it (scripts/test) sent and collected."""
-    session = request.session
-    return rbac.everything({item.module.__name__.rsplit(".", 1)[-1] for item in session.items if item.module},
-                           session.testsfailed)
+    return rbac.everything(rbac.modules(request.session.items), request.session.testsfailed)
 
 
 def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
