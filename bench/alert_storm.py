@@ -427,13 +427,14 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
     settled.append(await world.until_quiet())
     steps = await steps_per_run(world, await runs_of(world, "burst"))
     settled.append(await world.until_quiet())
-    like = await starts_floor(world, nodes, max(round(steps), 1), "as many workflows started at once, each "
+    like_steps = max(round(steps), 1)  # the runbooks' activities a run, as the like-for-like floors make
+    like = await starts_floor(world, nodes, like_steps, "as many workflows started at once, each "
                               "making as many do-nothing activities as a runbook's run made")
     like_rate = like["starts_per_s"]
     # And with the one read each run's protective step makes on its own: its node, from the API server.
     settled.append(await world.until_quiet())
     reads = await starts_floor(
-        world, nodes, max(round(steps), 1), "the like-for-like floor, each run's first step reading its node from "
+        world, nodes, like_steps, "the like-for-like floor, each run's first step reading its node from "
         "the API server (a consistent GET, as every protective step reads its own) instead of doing nothing",
         reads=(floor.Protect(world.kube.api, world.slurm.env), [f"gpu-{n}" for n in range(nodes)]))
     # Where the difference is: the same burst for other runbooks with the worker paused, so that
@@ -446,8 +447,8 @@ async def burst(world: BenchWorld, nodes: int) -> dict[str, object]:
     not_the_server = sum(n for status, n in statuses.items()
                          if status.startswith("503 ") and status != "503 temporal_unavailable")
 
-    def meets(floor_rate: float) -> bool:
-        return rate / floor_rate >= TARGET_RATIO and len(runbooks) == nodes and not not_the_server
+    def meets(against: float) -> bool:  # the target against one floor's rate
+        return rate / against >= TARGET_RATIO and len(runbooks) == nodes and not not_the_server
     return {"nodes": nodes, "http_statuses": dict(sorted(statuses.items())),
             "started": started, "runbooks": len(runbooks), "exactly_one_runbook_per_node": len(runbooks) == nodes,
             "wall_s": round(wall, 2), "runbooks_started_per_s": round(rate, 1), "cpu_s": sent.cpu,
