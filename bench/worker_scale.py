@@ -93,7 +93,8 @@ async def on(server: str, runs: int, deadline_s: float, hold_s: float, wait_hear
     return {
         "waiting_for_replacement": waiting, "all_there": waiting >= runs, "closed": closed,
         "client_pool_warnings": pool_warnings, "tracebacks_in_worker_log": log.count("Traceback"),
-        # Of them, attempts refused by a guard too busy to take the request (retried, one line each).
+        # Tries refused by a guard too busy to take the request (retried; one line each since
+        # workers/failure_lines.py, a traceback each before: tracebacks_in_worker_log counted them).
         "guard_busy_refusals": log.count("did not take the request"),
         "worker_memory": worker_memory, "workflow_cache": int(kept[1]) if kept else None,
         "worker_peak_rss_mib": round(rss, 1), "target_rss_mib": 1024, "meets_rss_target": rss < 1024,

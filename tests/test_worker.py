@@ -193,3 +193,86 @@ def test_the_activities_reach_the_api_once_the_worker_starts_and_stop_with_it(tm
     activities.close()  # as FleetWorker.__aexit__ does
     watch.join(10)
     assert not watch.is_alive(), f"the node watch outlived its worker: {activities.node_watch.last_error}"
+
+
+async def test_a_failed_try_whose_system_is_named_is_one_line_in_the_worker_log(temporal_env: WorkflowEnvironment,
+                                                                                  tmp_path: Path) -> None:
+    """The Kubernetes API is unreachable: each failed try of the protective step is one line in
+    `fleetmedic worker`'s log that names kube-apiserver and its address, not the SDK's traceback
+    (~45 lines a try; bench/worker_scale counted hundreds of them in one run)."""
+    import uuid
+
+    from temporalio.client import Client
+
+    from fleetmedic.converter import data_converter
+
+    (tmp_path / "kubeconfig").write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n")
+    address = temporal_env.client.service_client.config.target_host
+    queue, node = f"failure-lines-{uuid.uuid4().hex[:8]}", f"gpu-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "TEMPORAL_ADDRESS": address, "FLEETMEDIC_METRICS_PORT": "0", "FLEETMEDIC_SLURM": "off",
+           "FLEETMEDIC_TASK_QUEUE": queue, "KUBECONFIG": str(tmp_path / "kubeconfig")}
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "workers.cli", "worker"], env=env, stdout=out,
+                                  stderr=subprocess.STDOUT, text=True)
+    failed = "Completing activity as failed"
+    try:
+        started = subprocess.run([sys.executable, "-m", "workers.cli", "run", "xid-recovery", "--node", node,
+                                  "--xid", "79", "--gpu", "0"], env=env, capture_output=True, text=True, timeout=60)
+        assert started.returncode == 0, started.stderr
+        deadline = time.monotonic() + 90
+        while log.read_text().count(failed) < 3:  # tries 1-3: 1 s and 2 s apart
+            assert time.monotonic() < deadline and worker.poll() is None, log.read_text()[-3000:]
+            await asyncio.sleep(0.5)
+    finally:
+        client = await Client.connect(address, data_converter=data_converter)
+        await client.get_workflow_handle(f"xid-recovery/default/{node}").terminate("test over")
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+    output = log.read_text()
+    tries = [line for line in output.splitlines() if failed in line]
+    assert len(tries) >= 3 and all("'activity_type': 'protect.node'" in line and
+                                   f"Unavailable: kube-apiserver at 127.0.0.1:1 unreachable: get node {node}" in line
+                                   for line in tries), tries
+    assert "Traceback" not in output, output[-3000:]
+
+
+def test_a_failure_nothing_named_keeps_its_traceback() -> None:
+    """Only an error an activity classified (fleetmedic/errors.py) is folded into one line: anything
+    else, a bug first of all, is logged with its traceback; a final kind says it is not retried."""
+    import logging
+
+    from activities.errors import fail
+    from fleetmedic.errors import ErrorKind
+    from workers.failure_lines import ACTIVITY_LOGGER, one_line_for_named_failures
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))
+
+    one_line_for_named_failures()
+    one_line_for_named_failures()  # once per process, however often a worker is built
+    logger = logging.getLogger(ACTIVITY_LOGGER)
+    assert len(logger.filters) == 1
+    keep = Keep()
+    logger.addHandler(keep)
+    try:
+        for error in (RuntimeError("a bug"),
+                      fail(ErrorKind.FORBIDDEN, "kube-apiserver at h:6443: patch node n: Forbidden"),
+                      fail(ErrorKind.UNAVAILABLE, "slurmctld at h:6817: connection refused")):
+            try:
+                raise error
+            except Exception:
+                logger.warning("Completing activity as failed", exc_info=True)
+    finally:
+        logger.removeHandler(keep)
+    bug, final, retried = lines
+    assert bug.startswith("Completing activity as failed\nTraceback") and "RuntimeError: a bug" in bug
+    assert final == ("Completing activity as failed: Forbidden: kube-apiserver at h:6443: patch node n: Forbidden "
+                     "(not retryable)")
+    assert retried == "Completing activity as failed: Unavailable: slurmctld at h:6817: connection refused"

@@ -51,6 +51,7 @@ from fleetmedic import ids
 from fleetmedic.models import RunContext
 from fleetmedic.policy import Policy, load_policy
 from fleetmedic.settings import Settings
+from workers.failure_lines import one_line_for_named_failures
 from workers.heap import freeze_startup_objects
 from workers.kueue_admission import KueueAdmission
 from workers.memory import CacheSize, workflow_cache
@@ -263,6 +264,8 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
     # The SDK walks every workflow task's payloads six times, for a codec and external storage that
     # FleetMedic's converter does not have: a third of the event loop in a storm (workers/payload_walks.py).
     skip_walks_that_change_nothing()
+    # A failed try whose cause an activity named is one line in the log, not a traceback.
+    one_line_for_named_failures()
     main = Worker(
         client, task_queue=settings.task_queue,
         workflows=list(workflows or WORKFLOWS),
