@@ -162,8 +162,14 @@ async def test_kueue_admits_training_by_preempting_inference_the_flip_and_migrat
         await save_history(migrate, "migrate-back-kueue-training-finished")
     sampler.stop.set()
     assert flipped.outcome == "flipped", flipped.decisions
-    # Started by Kueue's decision, while the training Workload still waited for the preempted pods.
-    assert flipped.decisions[0].step == "confirm" and "(pending)" in flipped.decisions[0].result, flipped.decisions
+    # Started by Kueue's decision, while the training Workload still waited for the preempted pods:
+    # the start's summary, written at the look that started the run, says so. (The flip's confirm
+    # reads the Workload again once the worker runs it: on a loaded machine Kueue had admitted it
+    # by then, and the confirm named it without "(pending)".)
+    summary = await (await flip.describe()).static_summary()
+    assert summary is not None and "Kueue: training/job-pretrain" in summary and "(pending)" in summary, summary
+    assert flipped.decisions[0].step == "confirm" and "training/job-pretrain" in flipped.decisions[0].result, \
+        flipped.decisions
     assert migrated.outcome == "migrated", migrated.decisions
     assert world.overflow() == ["NoSchedule"]
     assert world.inference_on("virtual") == []
