@@ -4,10 +4,10 @@ The SDK logs every failed attempt as "Completing activity as failed" with the ex
 traceback. An activity that meets a system it cannot reach raises an ApplicationError of one of
 fleetmedic/errors.py's kinds, whose message already says which system and what it answered
 ("kube-apiserver at 10.0.0.1:6443 unreachable: get node gpu-7: …"), and its step retries it within
-its bound: each try was ~45 lines of the SDK's and our frames around that one line. With the API
-server away for a minute, a worker holding 200 runs wrote thousands of them, and the one traceback
-that mattered (a bug) was lost among them; bench/worker_scale counted 682 on the production server,
-each a guard too busy to take a request that the next try delivered.
+its bound: each try was ~45 lines of the SDK's and our frames around that one line (5 tries of one
+run's protective step, the API server unreachable: 236 lines). Every run that meets the outage
+writes its own, and a bug's traceback is lost among them; bench/worker_scale counted 682 in one run
+on the production server, each a guard too busy to take a request that the next try delivered.
 
 So such a failure is logged as one line, at the SDK's level (WARNING), with the SDK's own activity
 fields and the error's kind and message. Any other exception (a bug, a client library's error that
