@@ -202,10 +202,6 @@ async def test_a_failed_try_whose_system_is_named_is_one_line_in_the_worker_log(
     (~45 lines a try; bench/worker_scale counted hundreds of them in one run)."""
     import uuid
 
-    from temporalio.client import Client
-
-    from fleetmedic.converter import data_converter
-
     (tmp_path / "kubeconfig").write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
         "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
@@ -228,8 +224,7 @@ async def test_a_failed_try_whose_system_is_named_is_one_line_in_the_worker_log(
             assert time.monotonic() < deadline and worker.poll() is None, log.read_text()[-3000:]
             await asyncio.sleep(0.5)
     finally:
-        client = await Client.connect(address, data_converter=data_converter)
-        await client.get_workflow_handle(f"xid-recovery/default/{node}").terminate("test over")
+        await temporal_env.client.get_workflow_handle(f"xid-recovery/default/{node}").terminate("test over")
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
     output = log.read_text()
