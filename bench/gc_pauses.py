@@ -31,47 +31,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.gc_record import passes_in, recording
 from bench.world import BenchWorld
 from bench.xid_latency import EVERY_RUN_ADMITTED, quietly, summary
-
-# Loaded by the worker process only (PYTHONPATH): each full pass's end time and length, one line each.
-HOOK = '''
-import gc, os, sys, time
-if "worker" in sys.argv:
-    if os.environ.get("FLEETMEDIC_BENCH_UNFROZEN"):
-        gc.freeze = lambda: None  # the floor: the same worker, nothing frozen
-    _log = open(os.path.join(os.environ["FLEETMEDIC_BENCH_GC_DIR"], "passes-%d" % os.getpid()), "a", buffering=1)
-    _began = [0.0]
-    def _timed(phase, info):
-        if info["generation"] != 2:
-            return
-        if phase == "start":
-            _began[0] = time.perf_counter()
-        else:
-            _log.write("%.4f %.6f\\n" % (time.time(), time.perf_counter() - _began[0]))
-    gc.callbacks.append(_timed)
-'''
-
-def passes_in(directory: Path, began: float, ended: float) -> list[tuple[float, float]]:
-    """(start, seconds) of each full pass of the worker between `began` and `ended` (wall clock)."""
-    found = []
-    for path in directory.glob("passes-*"):
-        for line in path.read_text().splitlines():
-            end, length = (float(x) for x in line.split())
-            if began <= end - length <= ended:
-                found.append((end - length, length))
-    return sorted(found)
 
 
 async def side(temporal: str, alerts: int, fleet: int, frozen: bool) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-bench-gc-"))
-    hook, passes = workdir / "hook", workdir / "gc"
-    hook.mkdir()
-    passes.mkdir()
-    (hook / "sitecustomize.py").write_text(HOOK)
-    env = {"PYTHONPATH": str(hook), "FLEETMEDIC_BENCH_GC_DIR": str(passes)}
-    if not frozen:
-        env["FLEETMEDIC_BENCH_UNFROZEN"] = "1"
+    env, passes = recording(workdir, unfrozen=not frozen)
     names = [f"gpu-a-{i}" for i in range(alerts + 1)]
     names += [f"gpu-z-{i}" for i in range(max(fleet - len(names), 0))]
     async with BenchWorld(names, workdir, EVERY_RUN_ADMITTED, worker_env=env, temporal=temporal) as world:

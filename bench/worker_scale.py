@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.gc_record import passes_in, recording
 from bench.histories import timed_out_tasks
 from bench.world import CLUSTER, SERVERS, BenchWorld, count, on_each, peak_rss_mib, start_xid_runs
 
@@ -45,30 +46,33 @@ HEARTBEAT = "RecordActivityTaskHeartbeat"
 
 
 async def main(temporal: str, runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
-               worker_memory: str) -> dict[str, Any]:
+               worker_memory: str, ungated: bool) -> dict[str, Any]:
     return {"benchmark": "worker_scale", "kubernetes": "real control plane", "runs": runs,
+            "full_passes": "the interpreter's own" if ungated else "between activations (as shipped)",
             "temporal": await on_each(temporal, lambda server: on(server, runs, deadline_s, hold_s, wait_heartbeat,
-                                                                   worker_memory))}
+                                                                   worker_memory, ungated))}
 
 
 async def on(server: str, runs: int, deadline_s: float, hold_s: float, wait_heartbeat: str,
-             worker_memory: str) -> dict[str, Any]:
+             worker_memory: str, ungated: bool) -> dict[str, Any]:
     nodes = [f"gpu-{i}" for i in range(runs)]
     # Every run admitted, the cordon breaker's included: this measures the worker, not the budget.
     policy = {"budget": {"max_concurrent": 100000, "max_unavailable_fraction": 1.0, "max_per_hour": 1000000,
                          "topology_label": None, "protective": {"max_out_fraction": 1.0, "max_per_minute": 100000}},
               "grace": {"node_ready_deadline": "6h"}, "retries": {"wait_heartbeat": wait_heartbeat}}
     workdir = Path(tempfile.mkdtemp(prefix="fleetmedic-scale-"))
+    gc_env, gc_passes = recording(workdir, ungated=ungated)
     # 5,000 kwok nodes renewing 40 s leases are 500 API writes a second, which on two cores starved
     # everything else (after 40 min not one run had got there): a 20-minute lease is ~4 a second.
     async with BenchWorld(nodes, workdir, policy, webhook=False, node_lease_s=1200,
-                          worker_env={"FLEETMEDIC_WORKER_MEMORY": worker_memory}, temporal=server) as world:
+                          worker_env={"FLEETMEDIC_WORKER_MEMORY": worker_memory, **gc_env}, temporal=server) as world:
         worker_cpu, server_cpu = world.worker_cpu(), world.temporal_cpu()
-        began = time.monotonic()
+        began, began_at = time.monotonic(), time.time()
         await start_xid_runs(world.client, nodes, 200)
-        waiting = 0
+        waiting, seen = 0, [(began_at, 0)]  # (wall clock, runs waiting then)
         while time.monotonic() - began < deadline_s:
             waiting = await count(world.client, WAITING)
+            seen.append((time.time(), waiting))
             if waiting >= runs:
                 break
             await asyncio.sleep(5)
@@ -87,6 +91,7 @@ async def on(server: str, runs: int, deadline_s: float, hold_s: float, wait_hear
         rss = peak_rss_mib(world.worker_pid())
         closed = await count(world.client, CLOSED)
         log = world.worker.log.read_text(errors="replace")
+        passes = passes_in(gc_passes, began_at, time.time())
         tasks = await timed_out_tasks(world.client, f'FleetCluster = "{CLUSTER}"', world.server_log())
     pool_warnings = log.count("Connection pool is full")
     kept = re.search(r"keeps up to (\d+) runs in memory", log)
@@ -106,7 +111,26 @@ async def on(server: str, runs: int, deadline_s: float, hold_s: float, wait_hear
                  "temporal_cpu_share": round(hold_server_cpu / held, 3),
                  "worker_cpu_share": round(hold_worker_cpu / held, 3)},
         "timed_out_tasks": tasks,
+        "full_gc_passes": full_passes(passes, seen),
+        # Workflow tasks the SDK failed for not yielding within its 2 s (given out again by the server).
+        "deadlock_detections": log.count("Potential deadlock detected"),
     }
+
+
+def full_passes(passes: list[tuple[float, float]], seen: list[tuple[float, int]]) -> dict[str, Any]:
+    """The worker's full garbage-collector passes (the whole process stops for each; the SDK fails
+    a workflow task that does not yield within 2 s), by the runs waiting when each began."""
+    def waiting_at(moment: float) -> int:
+        return max((n for at, n in seen if at <= moment), default=0)
+    lengths = sorted(length for _, length in passes)
+    by_thousand: dict[int, list[float]] = {}
+    for start, length in passes:
+        by_thousand.setdefault(waiting_at(start) // 1000 * 1000, []).append(length)
+    buckets = sorted(by_thousand.items())
+    return {"count": len(passes), "over_1s": sum(x > 1 for x in lengths), "over_2s": sum(x > 2 for x in lengths),
+            "p50_s": round(lengths[len(lengths) // 2], 3) if lengths else None,
+            "max_s": round(lengths[-1], 3) if lengths else None,
+            "by_runs_waiting": {f"{k}+": {"count": len(v), "max_s": round(max(v), 3)} for k, v in buckets}}
 
 
 if __name__ == "__main__":
@@ -118,6 +142,9 @@ if __name__ == "__main__":
     parser.add_argument("--hold", type=float, default=300, help="seconds to measure the waits alone after that")
     parser.add_argument("--wait-heartbeat", default="2m", help="the policy's retries.wait_heartbeat")
     parser.add_argument("--worker-memory", default="1Gi", help="the worker's memory limit (FLEETMEDIC_WORKER_MEMORY)")
+    parser.add_argument("--ungated", action="store_true",
+                        help="the floor: the worker's full garbage-collector passes made by the interpreter, "
+                             "wherever they fall (workers/full_passes.py not started)")
     options = parser.parse_args()
     print(json.dumps(asyncio.run(main(options.temporal, options.runs, options.deadline, options.hold,
-                                      options.wait_heartbeat, options.worker_memory))))
+                                      options.wait_heartbeat, options.worker_memory, options.ungated))))

@@ -73,6 +73,8 @@ async def test_worker_process_serves_metrics_and_stops_gracefully(temporal_env: 
     # passes, which otherwise stop the worker for ~0.1 s every few seconds (workers/heap.py).
     frozen = re.search(r"worker: (\d+) objects from start-up are left out of the garbage collector's passes", output)
     assert frozen is not None and int(frozen.group(1)) > 50_000, output
+    # Its full passes made between workflow activations, not inside one (workers/full_passes.py).
+    assert re.search(r"full garbage-collector passes run between workflow activations \(\d+ objects long-lived", output)
 
 
 CACHE_MAX = "fleetmedic_worker_workflow_cache_max"

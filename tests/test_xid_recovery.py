@@ -563,16 +563,18 @@ async def test_run_metrics_reach_the_workers_metrics_endpoint(client: Client, ta
     from devstack.controllers import provider_controller
     from devstack.slurm_cluster import free_port
     from workers.temporal_client import connect
-    from workers.worker import metrics_runtime
+    from workers.worker import full_pass_metrics, metrics_runtime
 
     port = free_port()
-    metered = await connect(runtime=metrics_runtime(port), target_host=client.service_client.config.target_host)
+    runtime = metrics_runtime(port)
+    assert runtime is not None
+    metered = await connect(runtime=runtime, target_host=client.service_client.config.target_host)
     for name in ("gpu-m", "gpu-n"):
         kube.put(fleet.node(name))
     settings = settings_for(task_queue, kube, provider=provider_http)
     policy = quick_policy(tmp_path, provider={"kind": "http", "http": {"url": provider_http.url}})
     with provider_controller(kube, provider_http, delay_s=0.5):
-        async with worker_for(metered, settings, policy):
+        async with (worker := worker_for(metered, settings, policy)):
             live = await metered.execute_workflow(
                 "xid-recovery", NodeRunbookInput(cluster=task_queue, node="gpu-m", gpu=1, xid=79),
                 id=node_workflow_id("xid-recovery", task_queue, "gpu-m"), task_queue=task_queue,
@@ -581,6 +583,11 @@ async def test_run_metrics_reach_the_workers_metrics_endpoint(client: Client, ta
                 "xid-recovery", NodeRunbookInput(cluster=task_queue, node="gpu-n", gpu=1, xid=79, dry_run=True),
                 id=node_workflow_id("xid-recovery", task_queue, "gpu-n"), task_queue=task_queue,
                 result_type=RunbookStatus)
+            # The runs' activations went through the gate that times the worker's full passes
+            # (started only in a worker's own process: run it here by hand, as its thread would).
+            assert worker.gate.activations >= 10
+            worker.gate.on_pass = full_pass_metrics(runtime)
+            worker.gate.collect_in_gap()
             body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     assert live.outcome == "remediated" and shadow.outcome == "dry-run", (live.decisions, shadow.decisions)
     finished = [line for line in body.splitlines() if line.startswith("fleetmedic_runbooks_finished_total{")]
@@ -596,3 +603,7 @@ async def test_run_metrics_reach_the_workers_metrics_endpoint(client: Client, ta
     lost = next(line for line in body.splitlines() if line.startswith("fleetmedic_gpu_hours_lost_sum"))
     assert float(lost.split()[-1]) > 0  # 8 GPUs out for some seconds
     assert re.search(r"^fleetmedic_runbook_steps_total\{", body, re.M)
+    assert re.search(r'^fleetmedic_worker_gc_full_passes_total\{.*forced="false".*\} 1$', body, re.M), body
+    # Seconds, in the buckets the worker gives them (the SDK's own are milliseconds).
+    assert re.search(r'^fleetmedic_worker_gc_full_pass_seconds_bucket\{.*le="0.25".*\} [01]$', body, re.M), body
+    assert re.search(r'^fleetmedic_worker_gc_full_pass_seconds_count\{.*\} 1$', body, re.M), body

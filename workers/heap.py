@@ -13,6 +13,8 @@ gc.callbacks probe in the worker process, 80 alerts).
 Frozen objects are still freed when nothing refers to them any more; only a reference cycle among
 them that later became unreachable would never be collected: at most some of what was alive at
 start-up, once. Runs and requests come after the freeze, so their objects are collected as before.
+What the passes still walk grows with the runs a worker keeps; workers/full_passes.py makes them
+fall between workflow activations.
 """
 
 from __future__ import annotations

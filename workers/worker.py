@@ -52,6 +52,7 @@ from fleetmedic.models import RunContext
 from fleetmedic.policy import Policy, load_policy
 from fleetmedic.settings import Settings
 from workers.failure_lines import one_line_for_named_failures
+from workers.full_passes import ActivationGate
 from workers.heap import freeze_startup_objects
 from workers.kueue_admission import KueueAdmission
 from workers.memory import CacheSize, workflow_cache
@@ -190,11 +191,12 @@ class FleetWorker:
     activity), the waits queue (long async waits: no thread each, and never the slots other steps
     need) and the fleet guards' queue."""
 
-    def __init__(self, main: Worker, *others: Worker, cache: CacheSize,
+    def __init__(self, main: Worker, *others: Worker, cache: CacheSize, gate: ActivationGate,
                  on_start: Callable[[], None] = lambda: None, on_close: Callable[[], None] = lambda: None,
                  kueue_admission: KueueAdmission | None = None) -> None:
         self.workers = (*others, main)
         self.cache = cache  # the runs `main` keeps in memory, and why that many
+        self.gate = gate  # counts the workflow activations in flight (workers/full_passes.py)
         self.on_start = on_start
         self.on_close = on_close
         self.kueue_admission = kueue_admission
@@ -208,6 +210,7 @@ class FleetWorker:
                 started.append(worker)
         except BaseException:
             await asyncio.gather(*(w.__aexit__(None, None, None) for w in started))
+            self.gate.close()
             self.on_close()
             raise
         if self.kueue_admission is not None:  # once the runs it starts have a worker
@@ -221,6 +224,7 @@ class FleetWorker:
         try:
             await asyncio.gather(*(w.__aexit__(*exc) for w in self.workers))
         finally:
+            self.gate.close()
             self.on_close()
 
 
@@ -261,6 +265,9 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
                                               thread_name_prefix="fleetmedic-activity")
     activities = Activities(settings, policy, client, api_client)
     cache = workflow_cache(settings)
+    # Every workflow activation is counted, so that a full garbage-collector pass can wait for a
+    # moment with none in flight (started by a worker in its own process: run_worker).
+    gate = ActivationGate()
     # The SDK walks every workflow task's payloads six times, for a codec and external storage that
     # FleetMedic's converter does not have: a third of the event loop in a storm (workers/payload_walks.py).
     skip_walks_that_change_nothing()
@@ -275,6 +282,7 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         workflow_runner=WORKFLOW_RUNNER,
         max_cached_workflows=cache.runs,
         max_concurrent_workflow_tasks=WORKFLOW_TASK_SLOTS,
+        workflow_task_executor=gate.executor(WORKFLOW_TASK_SLOTS, "fleetmedic-workflow"),
         graceful_shutdown_timeout=SHUTDOWN_GRACE,
         # Polls held open at a fixed count: see WORKFLOW_POLLS.
         workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(WORKFLOW_POLLS),
@@ -294,14 +302,18 @@ def build_worker(client: Client, settings: Settings, policy: Policy, *,
         # there as well, from the main pool of threads.
         others.append(Worker(client, task_queue=guard_queue(settings), workflows=[FleetGuard],
                              activities=activities.all, activity_executor=executor, max_concurrent_activities=4,
+                             # The SDK's own size for its default executor.
+                             workflow_task_executor=gate.executor(500, "fleetmedic-guard"),
                              workflow_runner=WORKFLOW_RUNNER, graceful_shutdown_timeout=SHUTDOWN_GRACE))
-    return FleetWorker(main, *others, cache=cache, on_start=activities.start, on_close=activities.close,
+    return FleetWorker(main, *others, cache=cache, gate=gate, on_start=activities.start, on_close=activities.close,
                        kueue_admission=activities.kueue_admission)
 
 
 # Buckets for what a person waits for: a repair takes minutes to hours, not the SDK's default
 # milliseconds (whose top bucket, 10 s, would put every real repair in +Inf).
 REPAIR_BUCKETS_S = [30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 28800, 86400]
+# A full pass stops the whole worker: 2 s is the SDK's deadlock timeout for one workflow activation.
+GC_PASS_BUCKETS_S = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10]
 GPU_HOURS_BUCKETS = [0.1, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 
@@ -315,7 +327,8 @@ def metrics_runtime(port: int, host: str = "0.0.0.0") -> Runtime | None:
         bind_address=address, counters_total_suffix=True, durations_as_seconds=True,
         histogram_bucket_overrides={"fleetmedic_time_to_repair": REPAIR_BUCKETS_S,
                                     "fleetmedic_traffic_migrate_back_duration": REPAIR_BUCKETS_S,
-                                    "fleetmedic_gpu_hours_lost": GPU_HOURS_BUCKETS})))
+                                    "fleetmedic_gpu_hours_lost": GPU_HOURS_BUCKETS,
+                                    "fleetmedic_worker_gc_full_pass_seconds": GC_PASS_BUCKETS_S})))
 
 
 async def run_worker(settings: Settings, policy: Policy | None = None, stop: asyncio.Event | None = None, *,
@@ -359,6 +372,26 @@ async def _serve(settings: Settings, policy: Policy, stop: asyncio.Event, own_pr
         # Beside the SDK's temporal_sticky_cache_size: how full the worker's memory is of runs.
         runtime.metric_meter.create_gauge("fleetmedic_worker_workflow_cache_max",
                                           "runs the worker keeps in memory between their steps").set(cache.runs)
-    async with worker:
-        await stop.wait()
-        log.info("shutting down: finishing running activities (up to 30 s)")
+        worker.gate.on_pass = full_pass_metrics(runtime)
+    if own_process:  # the process's full passes between activations: see workers/full_passes.py
+        worker.gate.start()
+    try:
+        async with worker:
+            await stop.wait()
+            log.info("shutting down: finishing running activities (up to 30 s)")
+    finally:
+        worker.gate.stop()
+
+
+def full_pass_metrics(runtime: Runtime) -> Callable[[float, bool], None]:
+    """How often and how long the worker stopped for a full garbage-collector pass, on /metrics."""
+    meter = runtime.metric_meter
+    passes = meter.create_counter("fleetmedic_worker_gc_full_passes",
+                                  "full garbage-collector passes (forced: with workflow tasks in flight)")
+    seconds = meter.create_histogram_float("fleetmedic_worker_gc_full_pass_seconds",
+                                           "how long the worker stopped for a full garbage-collector pass")
+
+    def record(length: float, forced: bool) -> None:
+        passes.add(1, {"forced": str(forced).lower()})
+        seconds.record(length)
+    return record
