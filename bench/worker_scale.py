@@ -12,10 +12,13 @@ on Temporal Cloud), the seconds between two heartbeats of one wait, and the serv
 worker's CPU. The worker is given the shipped manifests' memory limit (`--worker-memory`, 1Gi), as
 the downward API gives it, and keeps as many runs in memory as that holds (workers/memory.py).
 Last, from every run's history (bench/histories.py): the tasks that timed out, and how long the
-worker held the workflow tasks it finished.
+worker held the workflow tasks it finished; and the worker's full garbage-collector passes
+(bench/gc_record.py: each stops the whole worker), by the runs waiting when each began, with the
+workflow tasks the SDK failed as potential deadlocks. `--ungated` is their floor: the same worker
+with the interpreter making its full passes wherever they fall (workers/full_passes.py not started).
 
     python bench/worker_scale.py [--temporal dev|production|both] [--runs 5000] [--hold 300]
-                                 [--wait-heartbeat 2m] [--worker-memory 1Gi]
+                                 [--wait-heartbeat 2m] [--worker-memory 1Gi] [--ungated]
 
 Prints one JSON object, a section per server (`--temporal production`: bench/world.py).
 """
